@@ -1,0 +1,100 @@
+"""The ``rredcot`` command: one entry point for every pipeline stage.
+
+    rredcot data      --config C --out-dir DIR          generate the sft/rl/test splits
+    rredcot clean     INPUT --out O --flags F --report R [--config C]
+    rredcot sft       --config C --data sft.jsonl --out DIR
+    rredcot train     --config C --arm A --seed N --model DIR --data rl.jsonl --eval-data test.jsonl --out DIR
+    rredcot evaluate  --config C --model DIR --data test.jsonl --out R.jsonl --summary S.json --arm A --seed N
+    rredcot report    table|curve ...
+    rredcot tracking  ui|runs ...
+
+Each stage is also ``python -m rredcot.<module>``; ``rredcot STAGE --help`` shows its options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+
+STAGES = {
+    "data": "rredcot.cli:data_main",
+    "clean": "rredcot.cli:clean_main",
+    "sft": "rredcot.sft:main",
+    "train": "rredcot.train:main",
+    "evaluate": "rredcot.evaluate:main",
+    "report": "rredcot.report:main",
+    "tracking": "rredcot.tracking:main",
+}
+
+
+def data_main(argv: Sequence[str] | None = None) -> None:
+    """Generate the configured dataset splits (synthetic task) and log them as one MLflow run."""
+    from rredcot.config import load_config
+    from rredcot.jsonl import write_jsonl
+    from rredcot.synthetic import TaskConfig, generate_splits, summarize
+    from rredcot.tracking import job_run
+
+    ap = argparse.ArgumentParser(prog="rredcot data", description=data_main.__doc__)
+    ap.add_argument("--config", nargs="+", required=True)
+    ap.add_argument("--out-dir", required=True, type=Path)
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config)
+    known = {f.name for f in fields(TaskConfig)}
+    task = TaskConfig(**{k: v for k, v in cfg["data"]["synthetic"].items() if k in known})
+    with job_run("data", results_dir=cfg["results_dir"], experiment=cfg["experiment"], rule="data",
+                 params={"data": cfg["data"]}) as run:
+        splits = generate_splits(task)
+        for split, rows in splits.items():
+            write_jsonl(args.out_dir / f"{split}.jsonl", rows)
+            run.log_metrics({f"rows/{split}": len(rows)})
+        summary = summarize(splits)
+        print(summary)
+
+
+def clean_main(argv: Sequence[str] | None = None) -> None:
+    """Flag label errors; with ``--config`` the run is also logged to MLflow with its report."""
+    from rredcot import clean
+
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--config", nargs="+")
+    known, rest = ap.parse_known_args(argv)
+    if not known.config:
+        clean.main(rest)
+        return
+    from rredcot.config import load_config
+    from rredcot.jsonl import read_jsonl
+    from rredcot.tracking import job_run
+
+    cfg = load_config(known.config)
+    rest = [*rest, "--min-solution-steps", str(cfg["clean"]["min_solution_steps"])]
+    with job_run("clean", results_dir=cfg["results_dir"], experiment=cfg["experiment"], rule="clean",
+                 params={"clean": cfg["clean"]}) as run:
+        clean.main(rest)
+        report_path = rest[rest.index("--report") + 1]
+        with open(report_path) as fh:
+            report = json.load(fh)
+        run.log_metrics({k: v for k, v in report.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+        run.log_artifact(report_path)
+        flags_path = rest[rest.index("--flags") + 1]
+        run.log_metrics({"flags_rows": len(read_jsonl(flags_path))})
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        raise SystemExit(0 if argv else 2)
+    stage, rest = argv[0], argv[1:]
+    if stage not in STAGES:
+        raise SystemExit(f"rredcot: unknown stage {stage!r}; choose one of: {', '.join(STAGES)}")
+    module, func = STAGES[stage].split(":")
+    getattr(importlib.import_module(module), func)(rest)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Answer extraction and grading with math-verify.
+
+Grading runs on every RL completion, so answer strings are parsed once and cached. math-verify's
+timeouts rely on ``signal.alarm``, which only works in the main thread; elsewhere we run it without
+its timeout rather than have it raise.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from math_verify import parse, verify
+from math_verify.errors import TimeoutException
+
+# Seconds math-verify may spend on one parse / comparison (main thread only).
+_TIMEOUT_S = 5
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+
+def extract_boxed(text: str) -> str | None:
+    """Return the content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``.
+
+    Nested braces are matched; ``None`` is returned when there is no box or its braces are unbalanced.
+    """
+    if not isinstance(text, str):
+        return None
+    start = -1
+    for command in _BOX_COMMANDS:
+        idx = text.rfind(command + "{")
+        if idx >= 0:
+            start = max(start, idx + len(command) + 1)
+    if start < 0:
+        return None
+    depth = 1
+    for pos in range(start, len(text)):
+        char = text[pos]
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:pos]
+    return None
+
+
+def _timeout() -> int | None:
+    """math-verify timeout for the current thread (``None`` disables its signal-based alarm)."""
+    return _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+def _has_math(candidates: tuple[Any, ...]) -> bool:
+    """True iff math-verify produced a math object, not only its raw-string fallback."""
+    return any(not isinstance(candidate, str) for candidate in candidates)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parse_answer(answer: str) -> tuple[Any, ...]:
+    """Parse a bare answer string into math-verify's candidate tuple (empty when nothing was found).
+
+    ``\\boxed{}`` wrapping lets math-verify's boxed extractor take the whole string (robust to ``$`` and
+    ``\\text{}`` inside); ``$...$`` is the fallback because it tolerates trailing punctuation such as
+    ``30^\\circ.``. A tuple keeps the cached value immutable.
+    """
+    result: tuple[Any, ...] = ()
+    for wrapped in (f"\\boxed{{{answer}}}", f"${answer}$"):
+        try:
+            candidates = tuple(parse(wrapped, parsing_timeout=_timeout()))
+        except (Exception, TimeoutException):
+            continue
+        if _has_math(candidates):
+            return candidates
+        # Keep the string fallback: math-verify can still compare answers such as names verbatim.
+        result = result or candidates
+    return result
+
+
+def answers_equivalent(a: str, b: str) -> bool:
+    """True iff answer string ``b`` is mathematically equivalent to reference answer ``a``.
+
+    math-verify's comparison is not fully symmetric, so pass the reference first. Never raises.
+    """
+    if not isinstance(a, str) or not isinstance(b, str) or not a.strip() or not b.strip():
+        return False
+    gold, pred = _parse_answer(a.strip()), _parse_answer(b.strip())
+    if not gold or not pred:
+        return False
+    try:
+        return bool(verify(list(gold), list(pred), timeout_seconds=_timeout()))
+    except (Exception, TimeoutException):
+        return False
+
+
+def grade(prediction_text: str, gold: str) -> bool:
+    """True iff the final boxed answer in ``prediction_text`` is equivalent to ``gold``. Never raises.
+
+    Only the last boxed answer counts, so an output without one is graded wrong.
+    """
+    predicted = extract_boxed(prediction_text)
+    return predicted is not None and answers_equivalent(gold, predicted)
+
+
+def parseable(answer: str) -> bool:
+    """True iff math-verify turns ``answer`` into a math object (not just its string fallback)."""
+    if not isinstance(answer, str) or not answer.strip():
+        return False
+    return _has_math(_parse_answer(answer.strip()))

@@ -1,0 +1,120 @@
+"""Tables and figures from evaluation summaries and learning curves.
+
+``table1``: rows = benchmark x metric, columns = base (SFT) and every arm, each as mean and standard
+deviation over seeds plus the number of seeds (the paper's Table 1 shape, with spread).
+``curve``: held-out greedy accuracy vs RL step, one line per arm, seeds as a band (mean +- sd).
+
+CLI: ``python -m rredcot.report --config C --summaries S1.json ... --curves c1.csv ... --table table1.csv
+--figure learning_curve.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from rredcot.config import arm_label, load_config
+from rredcot.jsonl import atomic_path
+
+BASE = "base"
+
+
+def _load_summaries(paths: Sequence[str | Path]) -> pl.DataFrame:
+    """Long table: arm, seed, benchmark, metric, value."""
+    import json
+
+    rows = []
+    for path in paths:
+        with open(path) as fh:
+            s = json.load(fh)
+        for bench, stats in s["benchmarks"].items():
+            for metric, value in stats.items():
+                if metric != "n":
+                    rows.append({"arm": s["arm"], "seed": int(s["seed"]), "benchmark": bench, "metric": metric,
+                                 "value": float(value)})
+    return pl.DataFrame(rows)
+
+
+def comparison_table(long: pl.DataFrame, arms: Sequence[str], labels: Mapping[str, str]) -> pl.DataFrame:
+    """Wide table: one row per benchmark and metric; mean, sd and seed count per arm."""
+    stats = long.group_by(["benchmark", "metric", "arm"]).agg(
+        pl.col("value").mean().alias("mean"),
+        pl.col("value").std(ddof=1).fill_null(0.0).alias("sd"),
+        pl.col("seed").n_unique().alias("n_seeds"),
+    )
+    out = stats.select("benchmark", "metric").unique()
+    for arm in [BASE, *arms]:
+        name = labels.get(arm, arm)
+        part = stats.filter(pl.col("arm") == arm).select(
+            "benchmark", "metric",
+            pl.col("mean").round(4).alias(f"{name}_mean"),
+            pl.col("sd").round(4).alias(f"{name}_sd"),
+            pl.col("n_seeds").alias(f"{name}_seeds"),
+        )
+        out = out.join(part, on=["benchmark", "metric"], how="left")
+    # "all" last, levels in natural order; greedy before sampled metrics.
+    return out.sort([pl.col("benchmark") == "all", "benchmark", "metric"])
+
+
+def write_table(cfg: Mapping[str, Any], summaries: Sequence[str], out: str | Path) -> pl.DataFrame:
+    arms = list(cfg["arms"])
+    labels = {BASE: "base_sft", **{a: arm_label(cfg, a).lower().replace(" ", "_") for a in arms}}
+    table = comparison_table(_load_summaries(summaries), arms, labels)
+    with atomic_path(out) as tmp:
+        table.write_csv(tmp)
+    return table
+
+
+def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) -> None:
+    """Learning curves as PNG (and PDF beside it), seeds drawn as a mean +- sd band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    df = pl.concat([pl.read_csv(c) for c in curves])
+    df = df.with_columns(pl.col("arm").replace_strict({a: arm_label(cfg, a) for a in cfg["arms"]},
+                                                      default=pl.col("arm")).alias("method"))
+    n_seeds = df["seed"].n_unique()
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, ax = plt.subplots(figsize=(6.0, 3.8))
+    sns.lineplot(data=df.to_pandas(), x="step", y="accuracy", hue="method", errorbar="sd", marker="o", ax=ax)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("held-out greedy accuracy")
+    n_probe = cfg["rl"]["eval_problems"]
+    ax.set_title(f"Learning curves ({n_seeds} seeds; band = mean +- sd; {n_probe} held-out problems)", fontsize=9)
+    fig.tight_layout()
+    out = Path(out)
+    for target in (out, out.with_suffix(".pdf")):
+        with atomic_path(target) as tmp:
+            fig.savefig(tmp, dpi=150)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from rredcot.tracking import job_run
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
+    ap.add_argument("--summaries", nargs="+", required=True, help="evaluation summaries (JSON), base and arms")
+    ap.add_argument("--curves", nargs="+", required=True, help="learning curves (CSV) of the trained arms")
+    ap.add_argument("--table", required=True, help="output comparison table (CSV)")
+    ap.add_argument("--figure", required=True, help="output learning-curve figure (PNG; a PDF is written beside)")
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config)
+    with job_run("report", results_dir=cfg["results_dir"], experiment=cfg["experiment"], rule="report") as run:
+        table = write_table(cfg, args.summaries, args.table)
+        with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200):
+            print(table)
+        plot_curves(cfg, args.curves, args.figure)
+        for path in (args.table, args.figure, Path(args.figure).with_suffix(".pdf")):
+            run.log_artifact(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,356 @@
+"""Tests of the pure-torch credit-assignment core (rredcot.credit)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rredcot.credit import (
+    DEFAULT_KEYWORDS,
+    LOG_VALUE_FLOOR,
+    exit_cuts,
+    merge_pieces,
+    piece_starts,
+    pr_log_value,
+    pr_value,
+    segment_ids_from_groups,
+    segment_ids_from_starts,
+    segment_rewards,
+    segment_starts,
+    segment_trace,
+    token_entropies,
+    token_multiplier,
+    token_sigma,
+)
+
+FAST = settings(max_examples=200, deadline=None)
+
+# --------------------------------------------------------------------------------------------------
+# PR-style value estimate
+# --------------------------------------------------------------------------------------------------
+
+
+def _worked_example() -> tuple[torch.Tensor, ...]:
+    log_p_answer = torch.tensor([0.6, 0.2]).log()
+    log_p_solution = torch.tensor([0.5, 0.4]).log()
+    log_q = torch.tensor([0.5, 0.5]).log()
+    utility = torch.tensor([1.0, 0.0])
+    return log_p_solution, log_p_answer, log_q, utility
+
+
+def test_pr_value_worked_example() -> None:
+    args = _worked_example()
+    assert pr_value(*args).item() == pytest.approx(0.3, rel=1e-6)
+    assert pr_log_value(*args).item() == pytest.approx(math.log(0.3), rel=1e-6)
+
+
+def test_pr_value_survives_tiny_probabilities() -> None:
+    # Whole-solution probabilities of e^-2000 underflow any float; the log value must not.
+    log_p_solution = torch.tensor([-2000.0, -2001.0])
+    log_v = pr_log_value(log_p_solution, torch.zeros(2), torch.zeros(2), torch.ones(2))
+    expected = torch.logsumexp(log_p_solution.double(), 0) - math.log(2)
+    assert log_v.item() == pytest.approx(expected.item(), rel=1e-12)
+
+
+def test_pr_value_broadcasts_over_exit_points() -> None:
+    log_p_solution, log_p_answer, log_q, utility = _worked_example()
+    # Three exit points: the worked example, the same shifted by log 2, and all pairs useless.
+    lps = torch.stack([log_p_solution, log_p_solution + math.log(0.5), torch.full((2,), -math.inf)])
+    values = pr_value(lps, log_p_answer, log_q, utility)  # [3, 2] with [2]
+    assert values.shape == (3,)
+    torch.testing.assert_close(values, torch.tensor([0.3, 0.15, 0.0], dtype=torch.float64))
+
+
+def test_pr_value_all_zero_utility() -> None:
+    log_p_solution, log_p_answer, log_q, _ = _worked_example()
+    # A zero-utility pair with log p = -inf must not produce NaN (-inf - -inf) either.
+    log_p_solution = torch.tensor([-math.inf, -3.0])
+    zero = torch.zeros(2)
+    assert pr_log_value(log_p_solution, log_p_answer, log_q, zero).item() == -math.inf
+    assert pr_value(log_p_solution, log_p_answer, log_q, zero).item() == 0.0
+
+
+def test_pr_value_rejects_negative_utility() -> None:
+    with pytest.raises(ValueError):
+        pr_log_value(torch.zeros(2), torch.zeros(2), torch.zeros(2), torch.tensor([1.0, -1.0]))
+
+
+def test_segment_rewards_differences_and_inf() -> None:
+    log_values = torch.tensor([-5.0, -3.0, -math.inf, -math.inf, -1.0], dtype=torch.float64)
+    rewards = segment_rewards(log_values)
+    assert rewards.shape == (4,)
+    assert torch.isfinite(rewards).all()
+    assert rewards[0].item() == 2.0
+    assert rewards[1].item() == LOG_VALUE_FLOOR + 3.0
+    assert rewards[2].item() == 0.0  # two zero values in a row
+    assert rewards[3].item() == -1.0 - LOG_VALUE_FLOOR
+    # The rewards telescope to the change of (clamped) value from the first exit to the last.
+    assert rewards.sum().item() == pytest.approx(-1.0 - -5.0)
+
+
+def test_segment_rewards_batched() -> None:
+    log_values = torch.tensor([[0.0, 1.0, 3.0], [2.0, 2.0, 0.0]])
+    torch.testing.assert_close(segment_rewards(log_values), torch.tensor([[1.0, 2.0], [0.0, -2.0]]))
+
+
+# --------------------------------------------------------------------------------------------------
+# Merging pieces
+# --------------------------------------------------------------------------------------------------
+
+
+def test_merge_pieces_hand_examples() -> None:
+    # Lowest pair sum first: (1,2)=3 -> [[0],[1,2],[3]] sums 5,3,4 -> (0,[1,2])=8 vs ([1,2],3)=7.
+    assert merge_pieces([5.0, 1.0, 2.0, 4.0], 2) == [[0], [1, 2, 3]]
+    assert merge_pieces([5.0, 1.0, 2.0, 4.0], 3) == [[0], [1, 2], [3]]
+    # Ties go to the leftmost pair.
+    assert merge_pieces([1.0, 1.0, 1.0, 1.0], 3) == [[0, 1], [2], [3]]
+    assert merge_pieces([1.0, 1.0, 1.0, 1.0], 2) == [[0, 1], [2, 3]]
+    assert merge_pieces(torch.tensor([3.0, 0.0, 0.0, 3.0]), 3) == [[0], [1, 2], [3]]
+
+
+def test_merge_pieces_edge_cases() -> None:
+    assert merge_pieces([2.0, 1.0, 3.0], 3) == [[0], [1], [2]]
+    assert merge_pieces([2.0, 1.0, 3.0], 10) == [[0], [1], [2]]
+    assert merge_pieces([2.0, 1.0, 3.0], 1) == [[0, 1, 2]]
+    assert merge_pieces([], 4) == []
+    with pytest.raises(ValueError):
+        merge_pieces([1.0], 0)
+
+
+@FAST
+@given(
+    st.lists(st.floats(min_value=0.0, max_value=1e3, allow_nan=False), max_size=40),
+    st.integers(min_value=1, max_value=45),
+)
+def test_merge_pieces_covers_in_order(entropies: list[float], n_segments: int) -> None:
+    groups = merge_pieces(entropies, n_segments)
+    assert len(groups) == min(n_segments, len(entropies))
+    assert [i for group in groups for i in group] == list(range(len(entropies)))
+    assert all(group == list(range(group[0], group[-1] + 1)) for group in groups)
+
+
+# --------------------------------------------------------------------------------------------------
+# Token coefficient σ
+# --------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def _traces(draw: st.DrawFn) -> dict:
+    """A random trace: segment layout with padding, rewards, advantage, mix and token weights."""
+    lengths = draw(st.lists(st.integers(min_value=0, max_value=6), min_size=1, max_size=8))
+    ids = [k for k, n in enumerate(lengths) for _ in range(n)]
+    ids = ids + [-1] * draw(st.integers(min_value=0, max_value=5))
+    # Ordinary magnitudes dominate so that most examples really redistribute credit; zeros, huge,
+    # tiny and the LOG_VALUE_FLOOR-sized rewards are the edge cases.
+    ordinary = st.floats(min_value=-20.0, max_value=20.0)
+    reward = st.one_of(
+        ordinary,
+        ordinary,
+        st.just(0.0),
+        st.floats(min_value=-1e30, max_value=1e30),
+        st.floats(min_value=-1e-30, max_value=1e-30),
+        st.sampled_from([1e4, -1e4, 1e-300, -1e-300]),
+    )
+    rewards = draw(st.lists(reward, min_size=len(lengths), max_size=len(lengths)))
+    sign = draw(st.sampled_from([1.0, -1.0, 1.0, -1.0, 0.0]))
+    advantage = sign * draw(st.floats(min_value=1e-3, max_value=5.0))
+    mix = draw(st.one_of(st.floats(min_value=0.05, max_value=1.0), st.sampled_from([0.0, 1.0])))
+    weights = None
+    if draw(st.booleans()):
+        weight = st.one_of(st.just(0.0), st.floats(min_value=0.0, max_value=1e6, allow_nan=False))
+        weights = torch.tensor(draw(st.lists(weight, min_size=len(ids), max_size=len(ids))))
+    return {
+        "segment_ids": torch.tensor(ids, dtype=torch.long),
+        "segment_rewards": torch.tensor(rewards, dtype=torch.float64),
+        "advantage": advantage,
+        "mix": mix,
+        "token_weights": weights,
+    }
+
+
+@FAST
+@given(_traces())
+def test_sigma_is_a_distribution_over_tokens(trace: dict) -> None:
+    sigma = token_sigma(**trace)
+    multiplier = token_multiplier(**trace)
+    mask = trace["segment_ids"] >= 0
+    n_tokens = int(mask.sum())
+    assert sigma.shape == mask.shape and sigma.dtype == torch.float32
+    assert torch.isfinite(sigma).all() and (sigma >= 0).all()
+    assert (sigma[~mask] == 0).all() and (multiplier[~mask] == 0).all()
+    if n_tokens:
+        assert sigma[mask].sum().item() == pytest.approx(1.0, abs=1e-5)
+        torch.testing.assert_close(sigma * n_tokens, multiplier)
+
+
+@FAST
+@given(_traces())
+def test_uniform_credit_is_exactly_grpo(trace: dict) -> None:
+    mask = trace["segment_ids"] >= 0
+    variants = [
+        dict(trace, advantage=0.0),
+        dict(trace, mix=0.0),
+        dict(trace, segment_rewards=torch.zeros_like(trace["segment_rewards"])),
+    ]
+    for variant in variants:
+        multiplier = token_multiplier(**variant)
+        assert torch.equal(multiplier, mask.to(torch.float32))
+        n_tokens = int(mask.sum())
+        if n_tokens:
+            assert torch.equal(token_sigma(**variant)[mask], torch.ones(n_tokens) / n_tokens)
+
+
+def test_sigma_uniform_when_signs_disagree() -> None:
+    # A correct trace whose segments only lowered the value has no positive credit to hand out.
+    ids = torch.tensor([0, 0, 1, 1, 1])
+    multiplier = token_multiplier(ids, torch.tensor([-1.0, -2.0]), advantage=1.0, mix=0.5)
+    assert torch.equal(multiplier, torch.ones(5))
+
+
+def test_sigma_credits_the_right_segment() -> None:
+    ids = torch.tensor([0, 0, 1, 1, 1, 2, 2, -1, -1])
+    rewards = torch.tensor([0.5, 2.0, -1.5])
+    sigma = token_sigma(ids, rewards, advantage=1.0, mix=1.0)
+    per_segment = torch.stack([sigma[ids == k].sum() for k in range(3)])
+    assert per_segment.argmax().item() == 1
+    torch.testing.assert_close(per_segment, torch.tensor([0.2, 0.8, 0.0]))
+    # Uniform within the segment.
+    torch.testing.assert_close(sigma[2:5], torch.full((3,), 0.8 / 3))
+
+    # A failed trace: the segment that lowered the value most takes the most blame.
+    sigma = token_sigma(ids, rewards, advantage=-0.7, mix=1.0)
+    per_segment = torch.stack([sigma[ids == k].sum() for k in range(3)])
+    assert per_segment.argmax().item() == 2
+    torch.testing.assert_close(per_segment, torch.tensor([0.0, 0.0, 1.0]))
+
+    # Mixing with uniform: σ = (1-λ)/|o| + λ·w_k/n_k.
+    sigma = token_sigma(ids, rewards, advantage=torch.tensor(2.0), mix=0.25)
+    expected = torch.tensor(
+        [0.75 / 7 + 0.25 * 0.2 / 2] * 2 + [0.75 / 7 + 0.25 * 0.8 / 3] * 3 + [0.75 / 7] * 2
+    )
+    torch.testing.assert_close(sigma[:7], expected)
+
+
+def test_sigma_token_weights() -> None:
+    ids = torch.tensor([0, 0, 1, 1, -1])
+    rewards = torch.tensor([1.0, 3.0])
+    weights = torch.tensor([1.0, 3.0, 0.0, 0.0, 5.0])
+    sigma = token_sigma(ids, rewards, advantage=1.0, mix=1.0, token_weights=weights)
+    # Segment 0 split 1:3 by weight; segment 1 has zero weights and falls back to uniform.
+    torch.testing.assert_close(sigma, torch.tensor([0.25 * 0.25, 0.25 * 0.75, 0.375, 0.375, 0.0]))
+
+
+def test_sigma_ignores_segments_without_tokens() -> None:
+    # Segment 1 is absent (e.g. truncated away); its reward cannot be paid out to any token.
+    ids = torch.tensor([0, 0, 2, 2])
+    sigma = token_sigma(ids, torch.tensor([1.0, 5.0, 1.0]), advantage=1.0, mix=1.0)
+    torch.testing.assert_close(sigma, torch.full((4,), 0.25))
+
+
+def test_sigma_rejects_bad_input() -> None:
+    ids = torch.tensor([0, 1])
+    with pytest.raises(ValueError):
+        token_sigma(ids, torch.tensor([1.0, 2.0]), 1.0, mix=1.5)
+    with pytest.raises(ValueError):
+        token_sigma(ids, torch.tensor([1.0]), 1.0)
+    with pytest.raises(ValueError):
+        token_sigma(ids, torch.tensor([1.0, math.nan]), 1.0)
+
+
+def test_sigma_all_padding() -> None:
+    assert torch.equal(token_sigma(torch.tensor([-1, -1]), torch.tensor([1.0]), 1.0), torch.zeros(2))
+
+
+# --------------------------------------------------------------------------------------------------
+# Token entropies
+# --------------------------------------------------------------------------------------------------
+
+
+def test_token_entropies_uniform_and_peaked() -> None:
+    vocab = 37
+    uniform = torch.zeros(2, 3, vocab)
+    torch.testing.assert_close(token_entropies(uniform), torch.full((2, 3), math.log2(vocab)))
+    peaked = torch.full((4, vocab), -1e4)
+    peaked[torch.arange(4), torch.tensor([0, 5, 9, 36])] = 1e4
+    assert token_entropies(peaked).abs().max().item() < 1e-6
+    # -inf logits (masked vocabulary) contribute 0, not NaN.
+    masked = torch.tensor([[0.0, 0.0, -math.inf, -math.inf]])
+    torch.testing.assert_close(token_entropies(masked), torch.tensor([1.0]))
+
+
+def test_token_entropies_bf16() -> None:
+    logits = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
+    out = token_entropies(logits.bfloat16())
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, token_entropies(logits), atol=0.05, rtol=0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Keyword splitting and segmentation
+# --------------------------------------------------------------------------------------------------
+
+TRACE = ["First", ",", " 7", " +", " 5", " =", " 1", "2", ".\n", "Next", ",", " 1", "2", " -", " 3"]
+TRACE += [" =", " 9", ".", " So", " the", " answer", " is", " 9", ".", " Wait", ",", " check", "."]
+
+
+def test_piece_starts_newline_and_keywords() -> None:
+    assert piece_starts(TRACE, DEFAULT_KEYWORDS) == [0, 9, 18, 24]
+    # Without the newline rule "Next" still starts a piece: it follows a newline as a keyword.
+    assert piece_starts(TRACE, DEFAULT_KEYWORDS, split_on_newline=False) == [0, 9, 18, 24]
+    assert piece_starts(TRACE, ("Wait",), split_on_newline=False) == [0, 24]
+    assert piece_starts([], DEFAULT_KEYWORDS) == []
+
+
+def test_piece_starts_whole_words_and_sentence_start() -> None:
+    assert piece_starts(["A", ".", " Some", " say", ".", " So", " yes"], DEFAULT_KEYWORDS) == [0, 5]
+    # Not sentence-initial: "so" inside a sentence, "So" after a comma, "3.So" without a space.
+    assert piece_starts(["A", ",", " So", " we", " 3", ".", "So"], DEFAULT_KEYWORDS) == [0]
+    assert piece_starts(["Okay", ",", " go", "!", " Hmm", "?", " Thus"], DEFAULT_KEYWORDS) == [0, 4, 6]
+
+
+def test_piece_starts_multi_token_keyword() -> None:
+    tokens = ["x", ".", " Let", " me", " see", ".", " Let", "'s", " go", ".", " Let", " men"]
+    assert piece_starts(tokens, DEFAULT_KEYWORDS) == [0, 2]
+    # A keyword may also split inside a word: "Al" + "ternatively".
+    assert piece_starts(["y", ".", " Al", "tern", "atively", ","], DEFAULT_KEYWORDS) == [0, 2]
+
+
+def test_piece_starts_newline_inside_token() -> None:
+    tokens = ["a", " b", ".\n\n", "c", " d", "\n", " ", "Wait", " e", "f\ng", "h"]
+    # Newlines end tokens 2, 5 and 9; "Wait" after a whitespace-only token is sentence-initial.
+    assert piece_starts(tokens, DEFAULT_KEYWORDS) == [0, 3, 6, 7, 10]
+    # A trailing newline token starts no empty piece.
+    assert piece_starts(["a", "\n"], DEFAULT_KEYWORDS) == [0]
+
+
+def test_segment_helpers() -> None:
+    starts = [0, 2, 5, 6]
+    groups = [[0, 1], [2], [3]]
+    assert segment_starts(starts, groups) == [0, 5, 6]
+    ids = segment_ids_from_groups(starts, groups, 8)
+    assert ids.dtype == torch.long
+    assert ids.tolist() == [0, 0, 0, 0, 0, 1, 2, 2]
+    assert segment_ids_from_starts([0, 5, 6], 8).tolist() == ids.tolist()
+    assert exit_cuts([0, 5, 6], 8) == [0, 5, 6, 8]
+    assert exit_cuts([], 0) == [0]
+    with pytest.raises(ValueError):
+        exit_cuts([1, 5], 8)
+    with pytest.raises(ValueError):
+        segment_starts(starts, [[0], [2, 3]])
+
+
+def test_segment_trace_merges_low_entropy_pieces() -> None:
+    # Pieces start at 0, 9, 18, 24; give the middle two little entropy so they merge.
+    entropies = torch.full((len(TRACE),), 0.01)
+    entropies[:9] = 1.0
+    entropies[24:] = 1.0
+    assert segment_trace(TRACE, entropies, 3) == [0, 9, 24]
+    assert segment_trace(TRACE, entropies, 1) == [0]
+    assert segment_trace(TRACE, entropies, 10) == [0, 9, 18, 24]
+    assert segment_trace([], [], 3) == []
+    cuts = exit_cuts(segment_trace(TRACE, entropies, 3), len(TRACE))
+    assert cuts == [0, 9, 24, len(TRACE)]

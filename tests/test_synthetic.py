@@ -1,0 +1,173 @@
+"""Tests for the synthetic modular-arithmetic task generator."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+
+import pytest
+
+from rredcot.grading import extract_boxed
+from rredcot.jsonl import read_jsonl
+from rredcot.synthetic import (
+    MIDDLE_KEYWORDS,
+    NOISE_KINDS,
+    SPLITS,
+    TaskConfig,
+    generate_splits,
+    main,
+    noise_counts,
+    problem_text,
+    solution_text,
+    solve,
+    teacher_trace,
+)
+
+EXAMPLE_STEPS = [("+", 5), ("*", 3), ("-", 4)]
+
+
+@pytest.fixture(scope="module")
+def cfg() -> TaskConfig:
+    return TaskConfig()
+
+
+@pytest.fixture(scope="module")
+def splits(cfg: TaskConfig) -> dict[str, list[dict]]:
+    return generate_splits(cfg)
+
+
+def _all_rows(splits: dict[str, list[dict]]) -> list[dict]:
+    return [row for rows in splits.values() for row in rows]
+
+
+def test_documented_example_formats() -> None:
+    assert problem_text(7, EXAMPLE_STEPS, 10) == "Start at 7, add 5, times 3, minus 4. Work mod 10."
+    assert solution_text(7, EXAMPLE_STEPS, [2, 6, 2]) == "7 + 5 = 2, 2 * 3 = 6, 6 - 4 = 2. \\boxed{2}"
+    completion, final = teacher_trace(7, EXAMPLE_STEPS, TaskConfig(teacher_error_rate=0.0), random.Random(0))
+    assert final == 2
+    lines = completion.split("\n")
+    assert lines[0] == "First, 7 + 5 = 2."
+    assert lines[1].startswith(MIDDLE_KEYWORDS) and lines[1].endswith("2 * 3 = 6.")
+    assert lines[2:] == ["Finally, 6 - 4 = 2.", "</think>", "7 + 5 = 2, 2 * 3 = 6, 6 - 4 = 2. \\boxed{2}"]
+
+
+def test_solve_parses_problem_text() -> None:
+    assert solve("Start at 7, add 5, times 3, minus 4. Work mod 10.") == "2"
+    assert solve("Start at 3, minus 5. Work mod 7.") == "5"
+    assert solve("What is 2 + 2?") is None
+    assert solve("") is None
+
+
+def test_same_seed_is_byte_identical_and_other_seed_differs(cfg: TaskConfig, splits: dict) -> None:
+    assert json.dumps(generate_splits(cfg)) == json.dumps(splits)
+    other = generate_splits(TaskConfig(seed=cfg.seed + 1))
+    assert [r["problem"] for r in other["rl"]] != [r["problem"] for r in splits["rl"]]
+
+
+def test_test_split_does_not_depend_on_sft_size(cfg: TaskConfig, splits: dict) -> None:
+    smaller = generate_splits(TaskConfig(n_sft=100))
+    assert smaller["test"] == splits["test"]
+    assert len(smaller["sft"]) == 100
+
+
+def test_splits_are_disjoint_without_duplicates(cfg: TaskConfig, splits: dict) -> None:
+    assert list(splits) == list(SPLITS)
+    assert [len(splits[s]) for s in SPLITS] == [cfg.n_sft, cfg.n_rl, cfg.n_test]
+    problems = [row["problem"] for row in _all_rows(splits)]
+    assert len(set(problems)) == len(problems)
+    ids = [row["id"] for row in _all_rows(splits)]
+    assert len(set(ids)) == len(ids)
+    assert splits["rl"][123]["id"] == "syn-rl-000123"
+
+
+def test_levels_present_and_balanced(cfg: TaskConfig, splits: dict) -> None:
+    for split, rows in splits.items():
+        counts = Counter(row["level"] for row in rows)
+        assert sorted(counts) == cfg.levels, split
+        assert max(counts.values()) - min(counts.values()) <= 1
+        for row in rows:
+            assert len(row["steps"]) == row["level"] == row["problem"].count(",")
+
+
+def test_noise_count_and_kinds_exact(cfg: TaskConfig, splits: dict) -> None:
+    noisy = [row for row in splits["rl"] if row["noise"] is not None]
+    assert len(noisy) == round(cfg.label_noise * cfg.n_rl) == 150
+    assert dict(Counter(row["noise"] for row in noisy)) == noise_counts(cfg)
+    assert set(noise_counts(cfg)) == set(NOISE_KINDS)
+    assert all(row["noise"] is None for split in ("sft", "test") for row in splits[split])
+
+
+def test_noise_kinds_corrupt_the_right_fields(splits: dict) -> None:
+    missing_forms = set()
+    for row in splits["rl"]:
+        kind, boxed = row["noise"], extract_boxed(row["solution"] or "")
+        if kind is None:
+            assert (row["answer"], row["solution"]) == (row["true_answer"], row["true_solution"])
+        elif kind == "wrong_answer":
+            assert row["answer"] != row["true_answer"] and row["solution"] == row["true_solution"]
+        elif kind == "inconsistent_solution":
+            assert row["answer"] == row["true_answer"] and boxed != row["answer"]
+        elif kind == "missing_solution":
+            assert row["answer"] == row["true_answer"] and row["solution"] in (None, "")
+            missing_forms.add(row["solution"])
+        else:
+            assert kind == "consistent_wrong_label"
+            assert row["answer"] != row["true_answer"] and boxed == row["answer"]
+            assert row["solution"] != row["true_solution"]
+    assert missing_forms == {None, ""}
+
+
+def test_solve_agrees_with_truth_everywhere(splits: dict) -> None:
+    for row in _all_rows(splits):
+        assert solve(row["problem"]) == row["true_answer"]
+        assert extract_boxed(row["true_solution"]) == row["true_answer"]
+
+
+def test_teacher_completions(cfg: TaskConfig, splits: dict) -> None:
+    rows = _all_rows(splits)
+    early = 0
+    for row in rows:
+        steps_part, solution_line = row["completion"].split("</think>\n")
+        lines = steps_part.splitlines()
+        step_lines = [line for line in lines if not line.startswith("Wait, ")]
+        # The solution always has every step; the thinking may stop early (an early exit).
+        assert solution_line.count("=") == row["level"]
+        assert len(step_lines) <= row["level"]
+        if len(step_lines) < row["level"]:
+            early += 1
+        else:
+            assert step_lines[-1].startswith("Finally, ")
+        if step_lines:
+            assert step_lines[0].startswith("First, ")
+            assert all(line.startswith(MIDDLE_KEYWORDS) for line in step_lines[1:-1])
+        assert all(line.endswith(".") for line in lines)
+        boxed = extract_boxed(solution_line)
+        assert (boxed == row["true_answer"]) == row["completion_correct"]
+    # Early exits occur at about the configured rate (a step count drawn below the level).
+    assert 0.2 < early / len(rows) < 0.4
+    # Teacher mistakes occur, are sometimes fixed, and sometimes reach the final answer.
+    assert any("\nWait, " in row["completion"] for row in rows)
+    accuracy = sum(row["completion_correct"] for row in rows) / len(rows)
+    assert 0.5 < accuracy < 0.85
+
+
+def test_generation_is_fast(cfg: TaskConfig) -> None:
+    start = time.perf_counter()
+    generate_splits(cfg)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_too_many_problems_for_the_space_is_an_error() -> None:
+    with pytest.raises(ValueError, match="distinct"):
+        generate_splits(TaskConfig(modulus=2, levels=[1], ops=["+"], n_sft=3, n_rl=0, n_test=0))
+
+
+def test_cli_writes_splits(tmp_path, capsys) -> None:
+    main(["--out-dir", str(tmp_path), "--seed", "3", "--n-sft", "40", "--n-rl", "20", "--n-test", "8"])
+    expected = generate_splits(TaskConfig(seed=3, n_sft=40, n_rl=20, n_test=8))
+    for split in SPLITS:
+        assert read_jsonl(tmp_path / f"{split}.jsonl") == expected[split]
+    out = capsys.readouterr().out
+    assert "rl: 20 rows" in out and "label noise:" in out

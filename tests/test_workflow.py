@@ -1,0 +1,82 @@
+"""The workflow end to end on the smoke config: every stage runs, outputs and MLflow runs exist."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from mlflow import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+def _run(args: list[str], results: Path, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RREDCOT_INVOCATION", None)
+    cmd = [*SNAKEMAKE, "--configfile", "config/smoke.yaml", "--config", f"results_dir={results}", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, **kw)
+
+
+def test_bad_config_fails_before_any_job(tmp_path):
+    proc = _run(["-n", "--config", f"results_dir={tmp_path}", "rl={'max_stepz': 1}"], tmp_path)
+    assert proc.returncode != 0
+    assert "max_stepz" in proc.stdout + proc.stderr
+
+
+def test_dry_run_lists_every_stage(tmp_path):
+    proc = _run(["-n", "--quiet", "rules"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for rule in ("data", "clean", "sft", "train", "evaluate", "report"):
+        assert rule in proc.stdout
+
+
+@pytest.mark.slow
+def test_smoke_workflow(tmp_path):
+    results = tmp_path / "results"
+    proc = _run(["--cores", "2", "all"], results, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    table = pl.read_csv(results / "table1.csv")
+    assert {"benchmark", "metric", "base_sft_mean", "grpo_mean", "rredcot_mean", "grpo_seeds"} <= set(table.columns)
+    assert set(table["grpo_seeds"].to_list()) == {2}
+    assert "all" in table["benchmark"].to_list()
+    assert (results / "figures" / "learning_curve.png").stat().st_size > 5000
+    assert (results / "figures" / "learning_curve.pdf").exists()
+
+    report = json.loads((results / "clean" / "report.json").read_text())
+    assert report["precision"] == pytest.approx(1.0) and report["recall"] == pytest.approx(1.0)
+    flags = (results / "clean" / "rl.flags.jsonl").read_text().splitlines()
+    assert len(flags) == 200  # one flags row per RL row
+
+    for log in ("data", "clean", "sft", "report"):
+        assert (results / "logs" / f"{log}.log").exists()
+    assert (results / "benchmarks" / "sft.tsv").exists()
+
+    # One MLflow run per job (1 data + 1 clean + 1 sft + 2x2 train + 3x2 eval + 1 report), grouped.
+    client = MlflowClient(tracking_uri=f"sqlite:///{results}/mlflow.db")
+    exp = client.get_experiment_by_name("rredcot-smoke")
+    runs = client.search_runs([exp.experiment_id], max_results=500)
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    parents = {r.data.tags["mlflow.parentRunId"] for r in children}
+    assert len(children) == 14 and len(parents) == 1
+    assert all(r.info.status == "FINISHED" for r in children)
+    train = [r for r in children if r.data.tags.get("rredcot.rule") == "train"]
+    assert sorted((r.data.tags["rredcot.arm"], r.data.tags["rredcot.seed"]) for r in train) == [
+        ("grpo", "0"), ("grpo", "1"), ("rredcot", "0"), ("rredcot", "1")]
+    for run in train:
+        history = client.get_metric_history(run.info.run_id, "heldout_sampled_accuracy")
+        assert [m.step for m in history] == [0, 1, 2]
+        assert client.list_artifacts(run.info.run_id)
+    rred = next(r for r in train if r.data.tags["rredcot.arm"] == "rredcot")
+    assert "credit/sigma_max_share" in rred.data.metrics
+
+    # A second invocation has nothing to do: outputs are complete and up to date.
+    again = _run(["--cores", "2", "all", "-n"], results)
+    assert "Nothing to be done" in again.stdout + again.stderr
