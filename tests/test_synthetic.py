@@ -43,19 +43,30 @@ def _all_rows(splits: dict[str, list[dict]]) -> list[dict]:
 
 
 def test_documented_example_formats() -> None:
-    assert problem_text(7, EXAMPLE_STEPS, 10) == "Start at 7, add 5, times 3, minus 4. Work mod 10."
-    assert solution_text(7, EXAMPLE_STEPS, [2, 6, 2]) == "7 + 5 = 2, 2 * 3 = 6, 6 - 4 = 2. \\boxed{2}"
-    completion, final = teacher_trace(7, EXAMPLE_STEPS, TaskConfig(teacher_error_rate=0.0), random.Random(0))
+    assert (
+        problem_text(7, EXAMPLE_STEPS, 10)
+        == "Start at 7. Step 1: add 5. Step 2: times 3. Step 3: minus 4. Work mod 10."
+    )
+    assert (
+        solution_text(7, EXAMPLE_STEPS, [2, 6, 2])
+        == "step 1: 7 + 5 = 2, step 2: 2 * 3 = 6, step 3: 6 - 4 = 2. \\boxed{2}"
+    )
+    exact = TaskConfig(teacher_error_rate=0.0, teacher_early_exit_rate=0.0)
+    completion, final = teacher_trace(7, EXAMPLE_STEPS, exact, random.Random(0))
     assert final == 2
     lines = completion.split("\n")
-    assert lines[0] == "First, 7 + 5 = 2."
-    assert lines[1].startswith(MIDDLE_KEYWORDS) and lines[1].endswith("2 * 3 = 6.")
-    assert lines[2:] == ["Finally, 6 - 4 = 2.", "</think>", "7 + 5 = 2, 2 * 3 = 6, 6 - 4 = 2. \\boxed{2}"]
+    assert lines[0] == "First, step 1: 7 + 5 = 2."
+    assert lines[1].startswith(MIDDLE_KEYWORDS) and lines[1].endswith("step 2: 2 * 3 = 6.")
+    assert lines[2:] == [
+        "Finally, step 3: 6 - 4 = 2.",
+        "</think>",
+        "step 1: 7 + 5 = 2, step 2: 2 * 3 = 6, step 3: 6 - 4 = 2. \\boxed{2}",
+    ]
 
 
 def test_solve_parses_problem_text() -> None:
-    assert solve("Start at 7, add 5, times 3, minus 4. Work mod 10.") == "2"
-    assert solve("Start at 3, minus 5. Work mod 7.") == "5"
+    assert solve("Start at 7. Step 1: add 5. Step 2: times 3. Step 3: minus 4. Work mod 10.") == "2"
+    assert solve("Start at 3. Step 1: minus 5. Work mod 7.") == "5"
     assert solve("What is 2 + 2?") is None
     assert solve("") is None
 
@@ -88,7 +99,7 @@ def test_levels_present_and_balanced(cfg: TaskConfig, splits: dict) -> None:
         assert sorted(counts) == cfg.levels, split
         assert max(counts.values()) - min(counts.values()) <= 1
         for row in rows:
-            assert len(row["steps"]) == row["level"] == row["problem"].count(",")
+            assert len(row["steps"]) == row["level"] == row["problem"].count("Step ")
 
 
 def test_noise_count_and_kinds_exact(cfg: TaskConfig, splits: dict) -> None:

@@ -21,17 +21,30 @@ CONFIG = "config/config.yaml"
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    cfg = load_config(CONFIG, {
-        "rl": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 40, "max_steps": 1},
-        "credit": {"n_segments": 4},
-    })
+    cfg = load_config(
+        CONFIG,
+        {
+            "rl": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 40, "max_steps": 1},
+            "credit": {"n_segments": 4},
+        },
+    )
     splits = generate_splits(TaskConfig(n_sft=300, n_rl=40, n_test=10, seed=3))
     template = cfg["prompt"]["template"]
     corpus = [template.replace("{problem}", r["problem"]) + r["completion"] for r in splits["sft"]]
     tok = train_tokenizer(corpus, 300)
     tok.padding_side = "left"
-    model = build_scratch_model(tok, {**cfg["model"], "hidden_size": 32, "num_layers": 2, "num_heads": 2,
-                                      "num_kv_heads": 1, "intermediate_size": 64}, seed=0)
+    model = build_scratch_model(
+        tok,
+        {
+            **cfg["model"],
+            "hidden_size": 32,
+            "num_layers": 2,
+            "num_heads": 2,
+            "num_kv_heads": 1,
+            "intermediate_size": 64,
+        },
+        seed=0,
+    )
     dataset = Dataset.from_list(rl_records(splits["rl"], template))
     return cfg, tok, model, dataset, tmp_path_factory.mktemp("trainer")
 
@@ -43,8 +56,14 @@ def length_reward(completions, **_):
 
 def _trainer(cls, cfg, tok, model, dataset, out, **extra):
     args = grpo_args(cfg, extra.pop("arm"), 0, out)
-    return cls(model=copy.deepcopy(model), reward_funcs=[length_reward, correctness_reward], args=args,
-               train_dataset=dataset, processing_class=tok, **extra)
+    return cls(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward, correctness_reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tok,
+        **extra,
+    )
 
 
 def _loss_and_grads(trainer, inputs):
@@ -62,8 +81,9 @@ def test_uniform_credit_reproduces_grpo_exactly(setup):
     cfg, tok, model, dataset, out = setup
     inputs = [dataset[i] for i in range(8)]
     stock = _trainer(GRPOTrainer, cfg, tok, model, dataset, out / "a", arm="grpo")
-    ours = _trainer(RREDCoTTrainer, cfg, tok, model, dataset, out / "b", arm="grpo",
-                    credit=credit_config(cfg, "grpo"))
+    ours = _trainer(
+        RREDCoTTrainer, cfg, tok, model, dataset, out / "b", arm="grpo", credit=credit_config(cfg, "grpo")
+    )
     assert ours.credit.method == "uniform"
     batch_a, loss_a, grads_a = _loss_and_grads(stock, inputs)
     batch_b, loss_b, grads_b = _loss_and_grads(ours, inputs)
@@ -79,9 +99,14 @@ def test_uniform_credit_reproduces_grpo_exactly(setup):
 
 def test_rredcot_redistributes_within_each_trace(setup):
     cfg, tok, model, dataset, out = setup
-    trainer = RREDCoTTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward],
-                             args=grpo_args(cfg, "rredcot", 0, out / "c"), train_dataset=dataset,
-                             processing_class=tok, credit=credit_config(cfg, "rredcot"))
+    trainer = RREDCoTTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=grpo_args(cfg, "rredcot", 0, out / "c"),
+        train_dataset=dataset,
+        processing_class=tok,
+        credit=credit_config(cfg, "rredcot"),
+    )
     inputs = [dataset[i] for i in range(8)]
     torch.manual_seed(99)
     batch = trainer._generate_and_score_completions(inputs)

@@ -44,7 +44,9 @@ def test_smoke_workflow(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     table = pl.read_csv(results / "table1.csv")
-    assert {"benchmark", "metric", "base_sft_mean", "grpo_mean", "rredcot_mean", "grpo_seeds"} <= set(table.columns)
+    assert {"benchmark", "metric", "base_sft_mean", "grpo_mean", "rredcot_mean", "grpo_seeds"} <= set(
+        table.columns
+    )
     assert set(table["grpo_seeds"].to_list()) == {2}
     assert "all" in table["benchmark"].to_list()
     assert (results / "figures" / "learning_curve.png").stat().st_size > 5000
@@ -69,7 +71,11 @@ def test_smoke_workflow(tmp_path):
     assert all(r.info.status == "FINISHED" for r in children)
     train = [r for r in children if r.data.tags.get("rredcot.rule") == "train"]
     assert sorted((r.data.tags["rredcot.arm"], r.data.tags["rredcot.seed"]) for r in train) == [
-        ("grpo", "0"), ("grpo", "1"), ("rredcot", "0"), ("rredcot", "1")]
+        ("grpo", "0"),
+        ("grpo", "1"),
+        ("rredcot", "0"),
+        ("rredcot", "1"),
+    ]
     for run in train:
         history = client.get_metric_history(run.info.run_id, "heldout_sampled_accuracy")
         assert [m.step for m in history] == [0, 1, 2]

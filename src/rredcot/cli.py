@@ -46,8 +46,13 @@ def data_main(argv: Sequence[str] | None = None) -> None:
     cfg = load_config(args.config)
     known = {f.name for f in fields(TaskConfig)}
     task = TaskConfig(**{k: v for k, v in cfg["data"]["synthetic"].items() if k in known})
-    with job_run("data", results_dir=cfg["results_dir"], experiment=cfg["experiment"], rule="data",
-                 params={"data": cfg["data"]}) as run:
+    with job_run(
+        "data",
+        results_dir=cfg["results_dir"],
+        experiment=cfg["experiment"],
+        rule="data",
+        params={"data": cfg["data"]},
+    ) as run:
         splits = generate_splits(task)
         for split, rows in splits.items():
             write_jsonl(args.out_dir / f"{split}.jsonl", rows)
@@ -72,13 +77,20 @@ def clean_main(argv: Sequence[str] | None = None) -> None:
 
     cfg = load_config(known.config)
     rest = [*rest, "--min-solution-steps", str(cfg["clean"]["min_solution_steps"])]
-    with job_run("clean", results_dir=cfg["results_dir"], experiment=cfg["experiment"], rule="clean",
-                 params={"clean": cfg["clean"]}) as run:
+    with job_run(
+        "clean",
+        results_dir=cfg["results_dir"],
+        experiment=cfg["experiment"],
+        rule="clean",
+        params={"clean": cfg["clean"]},
+    ) as run:
         clean.main(rest)
         report_path = rest[rest.index("--report") + 1]
         with open(report_path) as fh:
             report = json.load(fh)
-        run.log_metrics({k: v for k, v in report.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+        run.log_metrics(
+            {k: v for k, v in report.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        )
         run.log_artifact(report_path)
         flags_path = rest[rest.index("--flags") + 1]
         run.log_metrics({"flags_rows": len(read_jsonl(flags_path))})

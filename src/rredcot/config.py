@@ -76,7 +76,9 @@ def _check_consistency(cfg: dict[str, Any]) -> None:
     """Cross-field rules that a JSON schema cannot say."""
     model = cfg["model"]
     if model["kind"] == "pretrained" and not model.get("name_or_path"):
-        raise ConfigError("invalid configuration:\n  model.name_or_path: required when model.kind is pretrained")
+        raise ConfigError(
+            "invalid configuration:\n  model.name_or_path: required when model.kind is pretrained"
+        )
     if model["kind"] == "scratch" and model["hidden_size"] % model["num_heads"]:
         raise ConfigError("invalid configuration:\n  model.hidden_size: must be divisible by model.num_heads")
     if model["kind"] == "scratch" and model["num_heads"] % model["num_kv_heads"]:

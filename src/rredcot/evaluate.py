@@ -52,14 +52,30 @@ def generate(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for start in tqdm(batches, desc="generate", disable=not progress, unit="batch"):
-            texts.extend(_generate_batch(model, tokenizer, flat[start : start + batch_size], greedy, temperature,
-                                         top_p, max_new_tokens))
+            texts.extend(
+                _generate_batch(
+                    model,
+                    tokenizer,
+                    flat[start : start + batch_size],
+                    greedy,
+                    temperature,
+                    top_p,
+                    max_new_tokens,
+                )
+            )
     model.train(was_training)
     return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
 
 
-def _generate_batch(model: torch.nn.Module, tokenizer: Any, chunk: list[str], greedy: bool, temperature: float,
-                    top_p: float, max_new_tokens: int) -> list[str]:
+def _generate_batch(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    chunk: list[str],
+    greedy: bool,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+) -> list[str]:
     enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     out = model.generate(
         **enc,
@@ -81,42 +97,82 @@ def benchmark_of(row: Mapping[str, Any]) -> str:
     return str(row.get("source") or "all")
 
 
-def probe_accuracy(model: torch.nn.Module, tokenizer: Any, rows: Sequence[Mapping[str, Any]], template: str,
-                   eval_cfg: Mapping[str, Any], seed: int = 0) -> dict[str, float]:
+def probe_accuracy(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    rows: Sequence[Mapping[str, Any]],
+    template: str,
+    eval_cfg: Mapping[str, Any],
+    seed: int = 0,
+) -> dict[str, float]:
     """Greedy and sampled (avg@k) accuracy on ``rows``: the learning-curve probe during training."""
     prompts = [format_prompt(template, r["problem"]) for r in rows]
     common = {"max_new_tokens": eval_cfg["max_new_tokens"], "batch_size": eval_cfg["batch_size"]}
     greedy = generate(model, tokenizer, prompts, greedy=True, **common)
     k = eval_cfg["n_samples"]
-    sampled = generate(model, tokenizer, prompts, greedy=False, n=k, temperature=eval_cfg["temperature"],
-                       top_p=eval_cfg["top_p"], seed=seed, **common)
+    sampled = generate(
+        model,
+        tokenizer,
+        prompts,
+        greedy=False,
+        n=k,
+        temperature=eval_cfg["temperature"],
+        top_p=eval_cfg["top_p"],
+        seed=seed,
+        **common,
+    )
     n = max(1, len(rows))
     return {
         "greedy": sum(grade(g[0], str(r["answer"])) for g, r in zip(greedy, rows, strict=True)) / n,
-        "sampled": sum(grade(s, str(r["answer"])) for ss, r in zip(sampled, rows, strict=True) for s in ss) / (n * k),
+        "sampled": sum(grade(s, str(r["answer"])) for ss, r in zip(sampled, rows, strict=True) for s in ss)
+        / (n * k),
     }
 
 
 def evaluate_rows(
-    model: torch.nn.Module, tokenizer: Any, rows: Sequence[Mapping[str, Any]], template: str,
-    eval_cfg: Mapping[str, Any], seed: int,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    rows: Sequence[Mapping[str, Any]],
+    template: str,
+    eval_cfg: Mapping[str, Any],
+    seed: int,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
     """Per-problem records and per-benchmark summary (``greedy``, ``avg@k``, ``pass@k``, ``n``)."""
     prompts = [format_prompt(template, r["problem"]) for r in rows]
-    common = {"max_new_tokens": eval_cfg["max_new_tokens"], "batch_size": eval_cfg["batch_size"], "progress": True}
+    common = {
+        "max_new_tokens": eval_cfg["max_new_tokens"],
+        "batch_size": eval_cfg["batch_size"],
+        "progress": True,
+    }
     greedy_out = generate(model, tokenizer, prompts, greedy=True, **common)
     k = eval_cfg["n_samples"]
-    sampled_out = generate(model, tokenizer, prompts, greedy=False, n=k, temperature=eval_cfg["temperature"],
-                           top_p=eval_cfg["top_p"], seed=seed, **common)
+    sampled_out = generate(
+        model,
+        tokenizer,
+        prompts,
+        greedy=False,
+        n=k,
+        temperature=eval_cfg["temperature"],
+        top_p=eval_cfg["top_p"],
+        seed=seed,
+        **common,
+    )
     records = []
     for row, g, samples in zip(rows, greedy_out, sampled_out, strict=True):
         gold = str(row["answer"])
         correct = [grade(s, gold) for s in samples]
-        records.append({
-            "id": row["id"], "benchmark": benchmark_of(row), "answer": gold,
-            "greedy_completion": g[0], "greedy_pred": extract_boxed(g[0]), "greedy_correct": grade(g[0], gold),
-            "sample_preds": [extract_boxed(s) for s in samples], "sample_correct": correct,
-        })
+        records.append(
+            {
+                "id": row["id"],
+                "benchmark": benchmark_of(row),
+                "answer": gold,
+                "greedy_completion": g[0],
+                "greedy_pred": extract_boxed(g[0]),
+                "greedy_correct": grade(g[0], gold),
+                "sample_preds": [extract_boxed(s) for s in samples],
+                "sample_correct": correct,
+            }
+        )
     return records, summarize(records, k)
 
 
@@ -156,9 +212,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = read_jsonl(args.data)
     if cfg["eval"].get("max_problems"):
         rows = rows[: cfg["eval"]["max_problems"]]
-    with job_run(f"eval-{args.arm}-s{args.seed}", results_dir=cfg["results_dir"], experiment=cfg["experiment"],
-                 rule="evaluate", arm=args.arm, seed=args.seed,
-                 params={"eval": cfg["eval"], "model": args.model, "n_problems": len(rows)}) as run:
+    with job_run(
+        f"eval-{args.arm}-s{args.seed}",
+        results_dir=cfg["results_dir"],
+        experiment=cfg["experiment"],
+        rule="evaluate",
+        arm=args.arm,
+        seed=args.seed,
+        params={"eval": cfg["eval"], "model": args.model, "n_problems": len(rows)},
+    ) as run:
         t0 = time.time()
         model, tok = load_model(args.model), load_tokenizer(args.model)
         records, summary = evaluate_rows(model, tok, rows, cfg["prompt"]["template"], cfg["eval"], args.seed)
@@ -170,8 +232,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         run.log_artifact(args.summary)
         run.log_artifact(args.out)
         k = cfg["eval"]["n_samples"]
-        print(f"[evaluate] {args.arm} seed {args.seed}: all greedy {summary['all']['greedy']:.3f} "
-              f"avg@{k} {summary['all'][f'avg@{k}']:.3f} ({len(rows)} problems, {time.time() - t0:.0f}s)")
+        print(
+            f"[evaluate] {args.arm} seed {args.seed}: all greedy {summary['all']['greedy']:.3f} "
+            f"avg@{k} {summary['all'][f'avg@{k}']:.3f} ({len(rows)} problems, {time.time() - t0:.0f}s)"
+        )
 
 
 if __name__ == "__main__":

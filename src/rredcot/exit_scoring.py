@@ -217,8 +217,15 @@ def score_traces(
     bounds = []
     for t in traces:
         start = len(jobs)
-        jobs += _make_jobs(t.prompt_ids, t.completion_ids, t.cuts, [(t.solution_ids, t.answer_ids)], exit_ids,
-                           answer_prefix_ids, answer_suffix_ids)
+        jobs += _make_jobs(
+            t.prompt_ids,
+            t.completion_ids,
+            t.cuts,
+            [(t.solution_ids, t.answer_ids)],
+            exit_ids,
+            answer_prefix_ids,
+            answer_suffix_ids,
+        )
         bounds.append((start, len(jobs)))
     log_p_solution, log_p_answer = _score_jobs(model, jobs, max_batch_tokens)
     return [ExitScores(log_p_solution[a:b], log_p_answer[a:b]) for a, b in bounds]

@@ -34,7 +34,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
 
 
-def build_scratch_model(tokenizer: PreTrainedTokenizerFast, spec: Mapping[str, Any], seed: int) -> Qwen2ForCausalLM:
+def build_scratch_model(
+    tokenizer: PreTrainedTokenizerFast, spec: Mapping[str, Any], seed: int
+) -> Qwen2ForCausalLM:
     """A randomly initialised Qwen2 causal LM sized by the config's ``model`` section."""
     torch.manual_seed(seed)
     config = Qwen2Config(

@@ -34,8 +34,15 @@ def _load_summaries(paths: Sequence[str | Path]) -> pl.DataFrame:
         for bench, stats in s["benchmarks"].items():
             for metric, value in stats.items():
                 if metric != "n":
-                    rows.append({"arm": s["arm"], "seed": int(s["seed"]), "benchmark": bench, "metric": metric,
-                                 "value": float(value)})
+                    rows.append(
+                        {
+                            "arm": s["arm"],
+                            "seed": int(s["seed"]),
+                            "benchmark": bench,
+                            "metric": metric,
+                            "value": float(value),
+                        }
+                    )
     return pl.DataFrame(rows)
 
 
@@ -50,7 +57,8 @@ def comparison_table(long: pl.DataFrame, arms: Sequence[str], labels: Mapping[st
     for arm in [BASE, *arms]:
         name = labels.get(arm, arm)
         part = stats.filter(pl.col("arm") == arm).select(
-            "benchmark", "metric",
+            "benchmark",
+            "metric",
             pl.col("mean").round(4).alias(f"{name}_mean"),
             pl.col("sd").round(4).alias(f"{name}_sd"),
             pl.col("n_seeds").alias(f"{name}_seeds"),
@@ -78,8 +86,11 @@ def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) 
     import seaborn as sns
 
     df = pl.concat([pl.read_csv(c) for c in curves])
-    df = df.with_columns(pl.col("arm").replace_strict({a: arm_label(cfg, a) for a in cfg["arms"]},
-                                                      default=pl.col("arm")).alias("method"))
+    df = df.with_columns(
+        pl.col("arm")
+        .replace_strict({a: arm_label(cfg, a) for a in cfg["arms"]}, default=pl.col("arm"))
+        .alias("method")
+    )
     n_seeds = df["seed"].n_unique()
     sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(6.0, 3.8))
@@ -87,7 +98,9 @@ def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) 
     ax.set_xlabel("RL step")
     ax.set_ylabel("held-out greedy accuracy")
     n_probe = cfg["rl"]["eval_problems"]
-    ax.set_title(f"Learning curves ({n_seeds} seeds; band = mean +- sd; {n_probe} held-out problems)", fontsize=9)
+    ax.set_title(
+        f"Learning curves ({n_seeds} seeds; band = mean +- sd; {n_probe} held-out problems)", fontsize=9
+    )
     fig.tight_layout()
     out = Path(out)
     for target in (out, out.with_suffix(".pdf")):
@@ -101,13 +114,19 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
-    ap.add_argument("--summaries", nargs="+", required=True, help="evaluation summaries (JSON), base and arms")
+    ap.add_argument(
+        "--summaries", nargs="+", required=True, help="evaluation summaries (JSON), base and arms"
+    )
     ap.add_argument("--curves", nargs="+", required=True, help="learning curves (CSV) of the trained arms")
     ap.add_argument("--table", required=True, help="output comparison table (CSV)")
-    ap.add_argument("--figure", required=True, help="output learning-curve figure (PNG; a PDF is written beside)")
+    ap.add_argument(
+        "--figure", required=True, help="output learning-curve figure (PNG; a PDF is written beside)"
+    )
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
-    with job_run("report", results_dir=cfg["results_dir"], experiment=cfg["experiment"], rule="report") as run:
+    with job_run(
+        "report", results_dir=cfg["results_dir"], experiment=cfg["experiment"], rule="report"
+    ) as run:
         table = write_table(cfg, args.summaries, args.table)
         with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200):
             print(table)

@@ -35,8 +35,9 @@ class MetricsCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
         if logs:
-            self.run.log_metrics({k: float(v) for k, v in logs.items() if isinstance(v, int | float)},
-                                 step=state.global_step)
+            self.run.log_metrics(
+                {k: float(v) for k, v in logs.items() if isinstance(v, int | float)}, step=state.global_step
+            )
 
 
 def build_start(cfg: Mapping[str, Any], rows: list[dict]) -> tuple[Any, Any]:
@@ -72,15 +73,24 @@ def run_sft(cfg: Mapping[str, Any], data: str, out: Path, run: Any) -> dict[str,
         seed=s["seed"],
         dataloader_num_workers=0,
     )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(records), processing_class=tok,
-                         callbacks=[MetricsCallback(run)])
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(records),
+        processing_class=tok,
+        callbacks=[MetricsCallback(run)],
+    )
     t0 = time.time()
     result = trainer.train()
     with atomic_dir(out) as tmp:
         trainer.model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-    return {"sft_seconds": time.time() - t0, "sft_final_loss": float(result.training_loss),
-            "n_params": float(sum(p.numel() for p in model.parameters())), "n_examples": float(len(records))}
+    return {
+        "sft_seconds": time.time() - t0,
+        "sft_final_loss": float(result.training_loss),
+        "n_params": float(sum(p.numel() for p in model.parameters())),
+        "n_examples": float(len(records)),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -93,8 +103,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     set_threads(cfg["threads"]["sft"])
-    with job_run("sft", results_dir=cfg["results_dir"], experiment=cfg["experiment"], rule="sft",
-                 params={"model": cfg["model"], "sft": cfg["sft"], "data": args.data}) as run:
+    with job_run(
+        "sft",
+        results_dir=cfg["results_dir"],
+        experiment=cfg["experiment"],
+        rule="sft",
+        params={"model": cfg["model"], "sft": cfg["sft"], "data": args.data},
+    ) as run:
         summary = run_sft(cfg, args.data, Path(args.out), run)
         run.log_metrics(summary)
         print(f"[sft] {summary}")

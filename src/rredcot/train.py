@@ -38,10 +38,17 @@ def credit_config(cfg: Mapping[str, Any], arm: str) -> CreditConfig:
     """The CreditConfig of an arm, from the config's ``arms``, ``credit`` and ``prompt`` sections."""
     c, p = cfg["credit"], cfg["prompt"]
     extra = {"keywords": tuple(c["keywords"])} if c.get("keywords") else {}
-    return CreditConfig(method=cfg["arms"][arm]["credit"], n_segments=c["n_segments"], mix=c["mix"],
-                        split_on_newline=c["split_on_newline"], exit_string=p["exit_string"],
-                        answer_prefix=p["answer_prefix"], answer_suffix=p["answer_suffix"],
-                        max_batch_tokens=c["max_batch_tokens"], **extra)
+    return CreditConfig(
+        method=cfg["arms"][arm]["credit"],
+        n_segments=c["n_segments"],
+        mix=c["mix"],
+        split_on_newline=c["split_on_newline"],
+        exit_string=p["exit_string"],
+        answer_prefix=p["answer_prefix"],
+        answer_suffix=p["answer_suffix"],
+        max_batch_tokens=c["max_batch_tokens"],
+        **extra,
+    )
 
 
 def grpo_args(cfg: Mapping[str, Any], arm: str, seed: int, output_dir: str | Path) -> GRPOConfig:
@@ -77,8 +84,16 @@ def grpo_args(cfg: Mapping[str, Any], arm: str, seed: int, output_dir: str | Pat
 class CurveCallback(TrainerCallback):
     """Logs trainer metrics to MLflow and probes held-out greedy accuracy every ``every`` steps."""
 
-    def __init__(self, run: Any, tokenizer: Any, eval_rows: list[dict], template: str, every: int,
-                 eval_cfg: Mapping[str, Any], metrics_path: Path) -> None:
+    def __init__(
+        self,
+        run: Any,
+        tokenizer: Any,
+        eval_rows: list[dict],
+        template: str,
+        every: int,
+        eval_cfg: Mapping[str, Any],
+        metrics_path: Path,
+    ) -> None:
         self.run, self.tok, self.rows, self.template = run, tokenizer, eval_rows, template
         self.every, self.eval_cfg = every, eval_cfg
         self.curve: list[dict[str, float]] = []
@@ -88,8 +103,10 @@ class CurveCallback(TrainerCallback):
         acc = probe_accuracy(model, self.tok, self.rows, self.template, self.eval_cfg)
         self.curve.append({"step": step, **acc})
         self.run.log_metrics({f"heldout_{k}_accuracy": v for k, v in acc.items()}, step=step)
-        print(f"[train] step {step}: held-out accuracy greedy {acc['greedy']:.3f} sampled {acc['sampled']:.3f}",
-              flush=True)
+        print(
+            f"[train] step {step}: held-out accuracy greedy {acc['greedy']:.3f} sampled {acc['sampled']:.3f}",
+            flush=True,
+        )
 
     def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
         self._probe(model, 0)
@@ -117,8 +134,16 @@ def write_curve(path: Path, curve: list[dict[str, float]], arm: str, seed: int) 
             writer.writerow({"arm": arm, "seed": seed, **row})
 
 
-def train(cfg: Mapping[str, Any], arm: str, seed: int, model_dir: str, data: str, eval_data: str,
-          out: Path, run: Any) -> dict[str, float]:
+def train(
+    cfg: Mapping[str, Any],
+    arm: str,
+    seed: int,
+    model_dir: str,
+    data: str,
+    eval_data: str,
+    out: Path,
+    run: Any,
+) -> dict[str, float]:
     """Train one arm/seed; returns final summary metrics."""
     out.mkdir(parents=True, exist_ok=True)
     random.seed(seed)
@@ -129,8 +154,9 @@ def train(cfg: Mapping[str, Any], arm: str, seed: int, model_dir: str, data: str
     train_ds = Dataset.from_list(rl_records(read_jsonl(data), template))
     eval_rows = read_jsonl(eval_data)[: cfg["rl"]["eval_problems"]]
     work = out / "trainer"
-    callback = CurveCallback(run, tok, eval_rows, template, cfg["rl"]["eval_every"],
-                             cfg["eval"], out / "metrics.jsonl")
+    callback = CurveCallback(
+        run, tok, eval_rows, template, cfg["rl"]["eval_every"], cfg["eval"], out / "metrics.jsonl"
+    )
     trainer = RREDCoTTrainer(
         model=model,
         reward_funcs=[correctness_reward],
@@ -149,8 +175,12 @@ def train(cfg: Mapping[str, Any], arm: str, seed: int, model_dir: str, data: str
     write_curve(out / "curve.csv", callback.curve, arm, seed)
     shutil.rmtree(work, ignore_errors=True)
     final = callback.curve[-1]
-    return {"train_seconds": seconds, "seconds_per_step": seconds / max(1, cfg["rl"]["max_steps"]),
-            "final_heldout_greedy_accuracy": final["greedy"], "final_heldout_sampled_accuracy": final["sampled"]}
+    return {
+        "train_seconds": seconds,
+        "seconds_per_step": seconds / max(1, cfg["rl"]["max_steps"]),
+        "final_heldout_greedy_accuracy": final["greedy"],
+        "final_heldout_sampled_accuracy": final["sampled"],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -172,10 +202,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     set_threads(cfg["threads"]["train"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    params = {"arm": cfg["arms"][args.arm], "rl": cfg["rl"], "credit": cfg["credit"], "seed": args.seed,
-              "model": args.model, "data": args.data}
-    with job_run(f"train-{args.arm}-s{args.seed}", results_dir=cfg["results_dir"], experiment=cfg["experiment"],
-                 rule="train", arm=args.arm, seed=args.seed, params=params) as run:
+    params = {
+        "arm": cfg["arms"][args.arm],
+        "rl": cfg["rl"],
+        "credit": cfg["credit"],
+        "seed": args.seed,
+        "model": args.model,
+        "data": args.data,
+    }
+    with job_run(
+        f"train-{args.arm}-s{args.seed}",
+        results_dir=cfg["results_dir"],
+        experiment=cfg["experiment"],
+        rule="train",
+        arm=args.arm,
+        seed=args.seed,
+        params=params,
+    ) as run:
         summary = train(cfg, args.arm, args.seed, args.model, args.data, args.eval_data, out, run)
         run.log_metrics(summary)
         run.log_artifact(out / "curve.csv")

@@ -86,21 +86,33 @@ class RREDCoTTrainer(GRPOTrainer):
     def _token_texts(self, ids: list[int]) -> list[str]:
         missing = [t for t in set(ids) if t not in self._token_text]
         if missing:
-            for tid, text in zip(missing, self.processing_class.batch_decode([[t] for t in missing]), strict=True):
+            for tid, text in zip(
+                missing, self.processing_class.batch_decode([[t] for t in missing]), strict=True
+            ):
                 self._token_text[tid] = text
         return [self._token_text[t] for t in ids]
 
     def _segments(self, completion: list[int], entropies: torch.Tensor) -> list[int]:
         """Segment start indices of one completion (keyword pieces merged by entropy)."""
-        return C.segment_trace(self._token_texts(completion), entropies[: len(completion)].tolist(),
-                               self.credit.n_segments, keywords=self.credit.keywords)
+        return C.segment_trace(
+            self._token_texts(completion),
+            entropies[: len(completion)].tolist(),
+            self.credit.n_segments,
+            keywords=self.credit.keywords,
+        )
 
-    def _credit_from_scores(self, starts: list[int], n: int, scores: ExitScores, advantage: float) -> TraceCredit:
+    def _credit_from_scores(
+        self, starts: list[int], n: int, scores: ExitScores, advantage: float
+    ) -> TraceCredit:
         """σ·|o| of one trace from its exit-point scores (one reference pair, q uniform, utility 1)."""
         zeros = torch.zeros_like(scores.log_p_solution)[:, None]
-        log_v = C.pr_log_value(scores.log_p_solution[:, None], scores.log_p_answer[:, None], zeros, zeros + 1.0)
+        log_v = C.pr_log_value(
+            scores.log_p_solution[:, None], scores.log_p_answer[:, None], zeros, zeros + 1.0
+        )
         rewards = C.segment_rewards(log_v)
-        mult = C.token_multiplier(C.segment_ids_from_starts(starts, n), rewards, advantage, mix=self.credit.mix)
+        mult = C.token_multiplier(
+            C.segment_ids_from_starts(starts, n), rewards, advantage, mix=self.credit.mix
+        )
         return TraceCredit(mult, len(starts), log_v)
 
     # -- the override ----------------------------------------------------------------------------
@@ -129,8 +141,9 @@ class RREDCoTTrainer(GRPOTrainer):
         was_training = model.training
         model.eval()
         try:
-            entropies = self._completion_entropies(model, prompt_ids[rows], prompt_mask[rows],
-                                                   completion_ids[rows], completion_mask[rows])
+            entropies = self._completion_entropies(
+                model, prompt_ids[rows], prompt_mask[rows], completion_ids[rows], completion_mask[rows]
+            )
             specs, meta = [], []
             for j, i in enumerate(rows):
                 length = int(completion_mask[i].sum())
@@ -140,15 +153,29 @@ class RREDCoTTrainer(GRPOTrainer):
                 starts = self._segments(completion, entropies[j])
                 reference = inputs[i].get("reference") or ""
                 # The final exit follows the whole trace but not its EOS: nothing is read after EOS.
-                scored = completion[:-1] if completion[-1] == self.processing_class.eos_token_id else completion
+                scored = (
+                    completion[:-1] if completion[-1] == self.processing_class.eos_token_id else completion
+                )
                 cuts = [min(c, len(scored)) for c in C.exit_cuts(starts, length)]
-                specs.append(TraceExits(prompt_ids[i][prompt_mask[i].bool()].tolist(), scored, cuts,
-                                        self._encode(reference) if reference else [],
-                                        self._encode(str(inputs[i]["answer"]))))
+                specs.append(
+                    TraceExits(
+                        prompt_ids[i][prompt_mask[i].bool()].tolist(),
+                        scored,
+                        cuts,
+                        self._encode(reference) if reference else [],
+                        self._encode(str(inputs[i]["answer"])),
+                    )
+                )
                 meta.append((i, starts, length))
             cfg = self.credit
-            scores = score_traces(model, specs, self._encode(cfg.exit_string), self._encode(cfg.answer_prefix),
-                                  self._encode(cfg.answer_suffix), max_batch_tokens=cfg.max_batch_tokens)
+            scores = score_traces(
+                model,
+                specs,
+                self._encode(cfg.exit_string),
+                self._encode(cfg.answer_prefix),
+                self._encode(cfg.answer_suffix),
+                max_batch_tokens=cfg.max_batch_tokens,
+            )
             stats = _CreditStats()
             for (i, starts, length), sc in zip(meta, scores, strict=True):
                 tc = self._credit_from_scores(starts, length, sc, float(advantages[i]))
@@ -161,8 +188,14 @@ class RREDCoTTrainer(GRPOTrainer):
         return per_token
 
     @torch.no_grad()
-    def _completion_entropies(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                              completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    def _completion_entropies(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Predictive entropy (bits) at every completion position, one batched forward pass."""
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention = torch.cat([prompt_mask, completion_mask], dim=1)
