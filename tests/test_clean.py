@@ -14,14 +14,14 @@ from rredcot.synthetic import NOISE_KINDS, TaskConfig, generate_splits
 DATA_DIR = Path(__file__).parents[2] / "shared" / "data"
 SYN_ROW = {
     "id": "syn-x-1",
-    "problem": "Start at 7. Step 1: add 5. Step 2: times 3. Step 3: minus 4. Work mod 10.",
+    "problem": "Start at 7, add 5, times 3, minus 4. Work mod 10.",
     "answer": "2",
-    "solution": "step 1: 7 + 5 = 2, step 2: 2 * 3 = 6, step 3: 6 - 4 = 2. \\boxed{2}",
+    "solution": "7 + 5 = 2, 2 * 3 = 6, 6 - 4 = 2. \\boxed{2}",
     "source": "synthetic",
     "level": 3,
 }
 # A wrong last step whose result is also used as the answer: consistent with itself, but wrong.
-CONSISTENT_WRONG = "step 1: 7 + 5 = 2, step 2: 2 * 3 = 6, step 3: 6 - 4 = 6. \\boxed{6}"
+CONSISTENT_WRONG = "7 + 5 = 2, 2 * 3 = 6, 6 - 4 = 6. \\boxed{6}"
 REAL_ROW = {
     "id": "real-1",
     "problem": "Compute $\\frac{3}{4} - \\frac{1}{4}$.",
@@ -111,11 +111,7 @@ def test_resolvers_are_pluggable() -> None:
 
 
 def test_duplicates_flag_later_occurrences() -> None:
-    copy = {
-        **SYN_ROW,
-        "id": "syn-x-2",
-        "problem": "  start at 7.  Step 1: add 5. Step 2: times 3. step 3: minus 4. WORK MOD 10.",
-    }
+    copy = {**SYN_ROW, "id": "syn-x-2", "problem": "  start at 7, add 5,  times 3, minus 4. WORK MOD 10."}
     _, flags, report = clean_rows([SYN_ROW, copy])
     assert flags == [
         {"id": "syn-x-1", "flagged": False, "reasons": []},

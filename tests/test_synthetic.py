@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -30,7 +31,7 @@ EXAMPLE_STEPS = [("+", 5), ("*", 3), ("-", 4)]
 
 @pytest.fixture(scope="module")
 def cfg() -> TaskConfig:
-    return TaskConfig()
+    return TaskConfig(teacher_early_exit_rate=0.15)  # exercise early exits too
 
 
 @pytest.fixture(scope="module")
@@ -43,42 +44,31 @@ def _all_rows(splits: dict[str, list[dict]]) -> list[dict]:
 
 
 def test_documented_example_formats() -> None:
-    assert (
-        problem_text(7, EXAMPLE_STEPS, 10)
-        == "Start at 7. Step 1: add 5. Step 2: times 3. Step 3: minus 4. Work mod 10."
-    )
-    assert (
-        solution_text(7, EXAMPLE_STEPS, [2, 6, 2])
-        == "step 1: 7 + 5 = 2, step 2: 2 * 3 = 6, step 3: 6 - 4 = 2. \\boxed{2}"
-    )
-    exact = TaskConfig(teacher_error_rate=0.0, teacher_early_exit_rate=0.0)
-    completion, final = teacher_trace(7, EXAMPLE_STEPS, exact, random.Random(0))
+    assert problem_text(7, EXAMPLE_STEPS, 10) == "Start at 7, add 5, times 3, minus 4. Work mod 10."
+    assert solution_text(7, EXAMPLE_STEPS, [2, 6, 2]) == "7 + 5 = 2, 2 * 3 = 6, 6 - 4 = 2. \\boxed{2}"
+    completion, final = teacher_trace(7, EXAMPLE_STEPS, TaskConfig(teacher_error_rate=0.0), random.Random(0))
     assert final == 2
     lines = completion.split("\n")
-    assert lines[0] == "First, step 1: 7 + 5 = 2."
-    assert lines[1].startswith(MIDDLE_KEYWORDS) and lines[1].endswith("step 2: 2 * 3 = 6.")
-    assert lines[2:] == [
-        "Finally, step 3: 6 - 4 = 2.",
-        "</think>",
-        "step 1: 7 + 5 = 2, step 2: 2 * 3 = 6, step 3: 6 - 4 = 2. \\boxed{2}",
-    ]
+    assert lines[0] == "First, 7 + 5 = 2."
+    assert lines[1].startswith(MIDDLE_KEYWORDS) and lines[1].endswith("2 * 3 = 6.")
+    assert lines[2:] == ["Finally, 6 - 4 = 2.", "</think>", "7 + 5 = 2, 2 * 3 = 6, 6 - 4 = 2. \\boxed{2}"]
 
 
 def test_solve_parses_problem_text() -> None:
-    assert solve("Start at 7. Step 1: add 5. Step 2: times 3. Step 3: minus 4. Work mod 10.") == "2"
-    assert solve("Start at 3. Step 1: minus 5. Work mod 7.") == "5"
+    assert solve("Start at 7, add 5, times 3, minus 4. Work mod 10.") == "2"
+    assert solve("Start at 3, minus 5. Work mod 7.") == "5"
     assert solve("What is 2 + 2?") is None
     assert solve("") is None
 
 
 def test_same_seed_is_byte_identical_and_other_seed_differs(cfg: TaskConfig, splits: dict) -> None:
     assert json.dumps(generate_splits(cfg)) == json.dumps(splits)
-    other = generate_splits(TaskConfig(seed=cfg.seed + 1))
+    other = generate_splits(dataclasses.replace(cfg, seed=cfg.seed + 1))
     assert [r["problem"] for r in other["rl"]] != [r["problem"] for r in splits["rl"]]
 
 
 def test_test_split_does_not_depend_on_sft_size(cfg: TaskConfig, splits: dict) -> None:
-    smaller = generate_splits(TaskConfig(n_sft=100))
+    smaller = generate_splits(dataclasses.replace(cfg, n_sft=100))
     assert smaller["test"] == splits["test"]
     assert len(smaller["sft"]) == 100
 
@@ -99,7 +89,7 @@ def test_levels_present_and_balanced(cfg: TaskConfig, splits: dict) -> None:
         assert sorted(counts) == cfg.levels, split
         assert max(counts.values()) - min(counts.values()) <= 1
         for row in rows:
-            assert len(row["steps"]) == row["level"] == row["problem"].count("Step ")
+            assert len(row["steps"]) == row["level"] == row["problem"].count(",")
 
 
 def test_noise_count_and_kinds_exact(cfg: TaskConfig, splits: dict) -> None:
@@ -157,7 +147,7 @@ def test_teacher_completions(cfg: TaskConfig, splits: dict) -> None:
         boxed = extract_boxed(solution_line)
         assert (boxed == row["true_answer"]) == row["completion_correct"]
     # Early exits occur at about the configured rate (a step count drawn below the level).
-    assert 0.2 < early / len(rows) < 0.4
+    assert 0.08 < early / len(rows) < 0.22
     # Teacher mistakes occur, are sometimes fixed, and sometimes reach the final answer.
     assert any("\nWait, " in row["completion"] for row in rows)
     accuracy = sum(row["completion_correct"] for row in rows) / len(rows)

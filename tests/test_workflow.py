@@ -53,7 +53,10 @@ def test_smoke_workflow(tmp_path):
     assert (results / "figures" / "learning_curve.pdf").exists()
 
     report = json.loads((results / "clean" / "report.json").read_text())
-    assert report["precision"] == pytest.approx(1.0) and report["recall"] == pytest.approx(1.0)
+    assert report["flagged_fraction"] == pytest.approx(0.15)
+    assert report["noise"]["precision"] == pytest.approx(1.0) and report["noise"]["recall"] == pytest.approx(
+        1.0
+    )
     flags = (results / "clean" / "rl.flags.jsonl").read_text().splitlines()
     assert len(flags) == 200  # one flags row per RL row
 

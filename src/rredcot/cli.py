@@ -96,6 +96,18 @@ def clean_main(argv: Sequence[str] | None = None) -> None:
         run.log_metrics({"flags_rows": len(read_jsonl(flags_path))})
 
 
+def _numeric_leaves(tree: dict, prefix: str = "") -> dict[str, float]:
+    """Flatten the numbers of a nested report into ``a/b/c`` metric names."""
+    out: dict[str, float] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_numeric_leaves(value, f"{name}/"))
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):

@@ -2,7 +2,8 @@
 
 ``table1``: rows = benchmark x metric, columns = base (SFT) and every arm, each as mean and standard
 deviation over seeds plus the number of seeds (the paper's Table 1 shape, with spread).
-``curve``: held-out greedy accuracy vs RL step, one line per arm, seeds as a band (mean +- sd).
+``curve``: held-out accuracy (greedy and sampled panels) vs RL step, one line per arm, seeds as a
+band (mean +- sd).
 
 CLI: ``python -m rredcot.report --config C --summaries S1.json ... --curves c1.csv ... --table table1.csv
 --figure learning_curve.png``.
@@ -92,14 +93,33 @@ def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) 
         .alias("method")
     )
     n_seeds = df["seed"].n_unique()
+    long = df.unpivot(
+        index=["method", "seed", "step"],
+        on=["greedy", "sampled"],
+        variable_name="decoding",
+        value_name="accuracy",
+    ).to_pandas()
     sns.set_theme(style="whitegrid", context="paper")
-    fig, ax = plt.subplots(figsize=(6.0, 3.8))
-    sns.lineplot(data=df.to_pandas(), x="step", y="accuracy", hue="method", errorbar="sd", marker="o", ax=ax)
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("held-out greedy accuracy")
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6), sharex=True)
+    k, temp = cfg["eval"]["n_samples"], cfg["eval"]["temperature"]
+    titles = {"greedy": "greedy decoding", "sampled": f"sampled (mean of {k} at T={temp})"}
+    for ax, (decoding, title) in zip(axes, titles.items(), strict=True):
+        sns.lineplot(
+            data=long[long["decoding"] == decoding],
+            x="step",
+            y="accuracy",
+            hue="method",
+            errorbar="sd",
+            marker="o",
+            ax=ax,
+        )
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("held-out accuracy")
     n_probe = cfg["rl"]["eval_problems"]
-    ax.set_title(
-        f"Learning curves ({n_seeds} seeds; band = mean +- sd; {n_probe} held-out problems)", fontsize=9
+    fig.suptitle(
+        f"Learning curves: {n_probe} held-out problems, {n_seeds} seeds per method (band: mean +- sd)",
+        fontsize=10,
     )
     fig.tight_layout()
     out = Path(out)

@@ -1,8 +1,6 @@
 """Deterministic generator of the synthetic multi-step reasoning task (modular arithmetic chains).
 
-A problem such as ``"Start at 7. Step 1: add 5. Step 2: times 3. Work mod 10."`` has ``level``
-numbered operations. The step labels recur in the trace and the solution, so that a small model can
-find the operation of each step by matching its label (an induction pattern) instead of counting.
+A problem such as ``"Start at 7, add 5, times 3, minus 4. Work mod 10."`` has ``level`` operations.
 Each row carries a reference solution, a noisy teacher trace for SFT warm-up, and truth columns, in
 the common record schema shared with the real math datasets. Only the ``rl`` split gets label noise,
 so the label-error cleaner can be scored against the injected truth.
@@ -46,7 +44,7 @@ class TaskConfig:
     """Probability that the teacher writes a wrong result in a step."""
     teacher_fix_rate: float = 0.5
     """Probability that a wrong teacher step is followed by a ``Wait,`` correction line."""
-    teacher_early_exit_rate: float = 0.3
+    teacher_early_exit_rate: float = 0.0
     """Probability that the teacher stops thinking after a random number of steps (possibly none) and
     computes the remaining steps directly in the solution. This makes every exit point a state the
     model has seen, so exit-point values (the model writing the solution from there) are meaningful."""
@@ -95,9 +93,9 @@ def run_chain(start: int, steps: Sequence[Step], modulus: int) -> list[int]:
 
 
 def problem_text(start: int, steps: Sequence[Step], modulus: int) -> str:
-    """Problem statement, e.g. ``"Start at 7. Step 1: add 5. Step 2: times 3. Work mod 10."``."""
-    parts = [f"Start at {start}."] + [f"Step {i}: {OP_WORDS[op]} {operand}." for i, (op, operand) in enumerate(steps, 1)]
-    return f"{' '.join(parts)} Work mod {modulus}."
+    """Problem statement, e.g. ``"Start at 7, add 5, times 3, minus 4. Work mod 10."``."""
+    parts = [f"Start at {start}"] + [f"{OP_WORDS[op]} {operand}" for op, operand in steps]
+    return f"{', '.join(parts)}. Work mod {modulus}."
 
 
 def solution_text(start: int, steps: Sequence[Step], results: Sequence[int]) -> str:
@@ -106,14 +104,14 @@ def solution_text(start: int, steps: Sequence[Step], results: Sequence[int]) -> 
     Each equation starts from the previous written result, so a wrong result propagates.
     """
     equations, left = [], start
-    for i, ((op, operand), result) in enumerate(zip(steps, results, strict=True), 1):
-        equations.append(f"step {i}: {left} {op} {operand} = {result}")
+    for (op, operand), result in zip(steps, results, strict=True):
+        equations.append(f"{left} {op} {operand} = {result}")
         left = result
     return f"{', '.join(equations)}. \\boxed{{{results[-1]}}}"
 
 
 _WORD_OPS = {word: op for op, word in OP_WORDS.items()}
-_PROBLEM_RE = re.compile(r"Start at (\d+)\.((?:\s*Step \d+:\s*(?:add|minus|times)\s+\d+\.)+)\s*Work mod (\d+)\s*\.")
+_PROBLEM_RE = re.compile(r"Start at (\d+)((?:\s*,\s*(?:add|minus|times)\s+\d+)+)\s*\.\s*Work mod (\d+)\s*\.")
 _STEP_RE = re.compile(r"(add|minus|times)\s+(\d+)")
 
 
@@ -166,10 +164,10 @@ def teacher_trace(start: int, steps: Sequence[Step], cfg: TaskConfig, rng: rando
         result = correct
         if rng.random() < cfg.teacher_error_rate:
             result = _wrong_residue(rng, correct, cfg.modulus)
-        lines.append(f"{keyword}step {i + 1}: {value} {op} {operand} = {result}.\n")
+        lines.append(f"{keyword}{value} {op} {operand} = {result}.\n")
         if result != correct and rng.random() < cfg.teacher_fix_rate:
             result = correct
-            lines.append(f"Wait, step {i + 1}: {value} {op} {operand} = {result}.\n")
+            lines.append(f"Wait, {value} {op} {operand} = {result}.\n")
         kept.append(result)
         value = result
     return "".join(lines) + THINK_END + solution_text(start, steps, kept), value
@@ -321,6 +319,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--ops", nargs="+", default=defaults.ops, choices=sorted(OP_WORDS))
     parser.add_argument("--teacher-error-rate", type=float, default=defaults.teacher_error_rate)
     parser.add_argument("--teacher-fix-rate", type=float, default=defaults.teacher_fix_rate)
+    parser.add_argument("--teacher-early-exit-rate", type=float, default=defaults.teacher_early_exit_rate)
     parser.add_argument("--n-sft", type=int, default=defaults.n_sft)
     parser.add_argument("--n-rl", type=int, default=defaults.n_rl)
     parser.add_argument("--n-test", type=int, default=defaults.n_test)
@@ -332,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ops=args.ops,
         teacher_error_rate=args.teacher_error_rate,
         teacher_fix_rate=args.teacher_fix_rate,
+        teacher_early_exit_rate=args.teacher_early_exit_rate,
         n_sft=args.n_sft,
         n_rl=args.n_rl,
         n_test=args.n_test,

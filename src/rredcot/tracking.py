@@ -158,6 +158,11 @@ def _as_metric(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def metric_name(key: str) -> str:
+    """A name MLflow accepts: ``avg@4`` becomes ``avg_at_4``, other disallowed characters ``_``."""
+    return re.sub(r"[^\w\-. :/]", "_", key.replace("@", "_at_"))
+
+
 class JobRun:
     """One job's MLflow run. Every call names ``run_id`` explicitly and never touches the fluent
     active-run stack, so a training library that uses ``mlflow.start_run`` can't redirect our logging."""
@@ -180,7 +185,7 @@ class JobRun:
                     self._skipped.add(key)
                     _log.warning("skipping metric %r=%r (step %s): not a finite number", key, value, step)
                 continue
-            batch.append(Metric(key, number, now, step or 0))
+            batch.append(Metric(metric_name(key), number, now, step or 0))
         if batch:
             _retry(self.client.log_batch, self.run_id, metrics=batch)
 
