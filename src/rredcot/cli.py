@@ -37,7 +37,7 @@ def data_main(argv: Sequence[str] | None = None) -> None:
     from rredcot.config import load_config
     from rredcot.jsonl import write_jsonl
     from rredcot.synthetic import TaskConfig, generate_splits, summarize
-    from rredcot.tracking import job_run
+    from rredcot.tracking import stage_run
 
     ap = argparse.ArgumentParser(prog="rredcot data", description=data_main.__doc__)
     ap.add_argument("--config", nargs="+", required=True)
@@ -46,10 +46,9 @@ def data_main(argv: Sequence[str] | None = None) -> None:
     cfg = load_config(args.config)
     known = {f.name for f in fields(TaskConfig)}
     task = TaskConfig(**{k: v for k, v in cfg["data"]["synthetic"].items() if k in known})
-    with job_run(
+    with stage_run(
+        cfg,
         "data",
-        results_dir=cfg["results_dir"],
-        experiment=cfg["experiment"],
         rule="data",
         params={"data": cfg["data"]},
     ) as run:
@@ -73,14 +72,13 @@ def clean_main(argv: Sequence[str] | None = None) -> None:
         return
     from rredcot.config import load_config
     from rredcot.jsonl import read_jsonl
-    from rredcot.tracking import job_run
+    from rredcot.tracking import stage_run
 
     cfg = load_config(known.config)
     rest = [*rest, "--min-solution-steps", str(cfg["clean"]["min_solution_steps"])]
-    with job_run(
+    with stage_run(
+        cfg,
         "clean",
-        results_dir=cfg["results_dir"],
-        experiment=cfg["experiment"],
         rule="clean",
         params={"clean": cfg["clean"]},
     ) as run:

@@ -106,27 +106,8 @@ def probe_accuracy(
     seed: int = 0,
 ) -> dict[str, float]:
     """Greedy and sampled (avg@k) accuracy on ``rows``: the learning-curve probe during training."""
-    prompts = [format_prompt(template, r["problem"]) for r in rows]
-    common = {"max_new_tokens": eval_cfg["max_new_tokens"], "batch_size": eval_cfg["batch_size"]}
-    greedy = generate(model, tokenizer, prompts, greedy=True, **common)
-    k = eval_cfg["n_samples"]
-    sampled = generate(
-        model,
-        tokenizer,
-        prompts,
-        greedy=False,
-        n=k,
-        temperature=eval_cfg["temperature"],
-        top_p=eval_cfg["top_p"],
-        seed=seed,
-        **common,
-    )
-    n = max(1, len(rows))
-    return {
-        "greedy": sum(grade(g[0], str(r["answer"])) for g, r in zip(greedy, rows, strict=True)) / n,
-        "sampled": sum(grade(s, str(r["answer"])) for ss, r in zip(sampled, rows, strict=True) for s in ss)
-        / (n * k),
-    }
+    _, summary = evaluate_rows(model, tokenizer, rows, template, eval_cfg, seed, progress=False)
+    return {"greedy": summary["all"]["greedy"], "sampled": summary["all"][f"avg@{eval_cfg['n_samples']}"]}
 
 
 def evaluate_rows(
@@ -136,13 +117,14 @@ def evaluate_rows(
     template: str,
     eval_cfg: Mapping[str, Any],
     seed: int,
+    progress: bool = True,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
     """Per-problem records and per-benchmark summary (``greedy``, ``avg@k``, ``pass@k``, ``n``)."""
     prompts = [format_prompt(template, r["problem"]) for r in rows]
     common = {
         "max_new_tokens": eval_cfg["max_new_tokens"],
         "batch_size": eval_cfg["batch_size"],
-        "progress": True,
+        "progress": progress,
     }
     greedy_out = generate(model, tokenizer, prompts, greedy=True, **common)
     k = eval_cfg["n_samples"]
@@ -195,7 +177,7 @@ def summarize(records: Sequence[Mapping[str, Any]], k: int) -> dict[str, dict[st
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.tracking import job_run
+    from rredcot.tracking import stage_run
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
@@ -212,10 +194,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = read_jsonl(args.data)
     if cfg["eval"].get("max_problems"):
         rows = rows[: cfg["eval"]["max_problems"]]
-    with job_run(
+    with stage_run(
+        cfg,
         f"eval-{args.arm}-s{args.seed}",
-        results_dir=cfg["results_dir"],
-        experiment=cfg["experiment"],
         rule="evaluate",
         arm=args.arm,
         seed=args.seed,

@@ -130,7 +130,7 @@ def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.tracking import job_run
+    from rredcot.tracking import stage_run
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
@@ -144,9 +144,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
-    with job_run(
-        "report", results_dir=cfg["results_dir"], experiment=cfg["experiment"], rule="report"
-    ) as run:
+    with stage_run(cfg, "report", rule="report") as run:
         table = write_table(cfg, args.summaries, args.table)
         with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200):
             print(table)

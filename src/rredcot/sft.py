@@ -95,7 +95,7 @@ def run_sft(cfg: Mapping[str, Any], data: str, out: Path, run: Any) -> dict[str,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.tracking import job_run
+    from rredcot.tracking import stage_run
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
@@ -104,10 +104,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     set_threads(cfg["threads"]["sft"])
-    with job_run(
+    with stage_run(
+        cfg,
         "sft",
-        results_dir=cfg["results_dir"],
-        experiment=cfg["experiment"],
         rule="sft",
         params={"model": cfg["model"], "sft": cfg["sft"], "data": args.data},
     ) as run:

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -397,3 +397,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def stage_run(cfg: Mapping[str, Any], name: str, **kwargs: Any) -> AbstractContextManager[JobRun]:
+    """``job_run`` for a pipeline stage: the store and experiment come from the validated config."""
+    return job_run(name, results_dir=cfg["results_dir"], experiment=cfg["experiment"], **kwargs)

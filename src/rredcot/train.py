@@ -184,7 +184,7 @@ def train(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.tracking import job_run
+    from rredcot.tracking import stage_run
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
@@ -210,10 +210,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "model": args.model,
         "data": args.data,
     }
-    with job_run(
+    with stage_run(
+        cfg,
         f"train-{args.arm}-s{args.seed}",
-        results_dir=cfg["results_dir"],
-        experiment=cfg["experiment"],
         rule="train",
         arm=args.arm,
         seed=args.seed,
