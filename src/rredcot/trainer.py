@@ -135,7 +135,8 @@ class RREDCoTTrainer(GRPOTrainer):
         advantages = out["advantages"]
         per_token = torch.ones(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
         rows = [i for i in range(len(inputs)) if float(advantages[i]) != 0.0]
-        if not rows:
+        if not rows:  # every group had equal rewards: nothing to redistribute
+            self._metrics["train"]["credit/traces"].append(0.0)
             return per_token
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
