@@ -71,7 +71,6 @@ def clean_main(argv: Sequence[str] | None = None) -> None:
         clean.main(rest)
         return
     from rredcot.config import load_config
-    from rredcot.jsonl import read_jsonl
     from rredcot.tracking import stage_run
 
     cfg = load_config(known.config)
@@ -86,12 +85,9 @@ def clean_main(argv: Sequence[str] | None = None) -> None:
         report_path = rest[rest.index("--report") + 1]
         with open(report_path) as fh:
             report = json.load(fh)
-        run.log_metrics(
-            {k: v for k, v in report.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-        )
+        # Nested numbers too: noise/precision, noise/recall, per-level flagged fractions.
+        run.log_metrics(_numeric_leaves(report))
         run.log_artifact(report_path)
-        flags_path = rest[rest.index("--flags") + 1]
-        run.log_metrics({"flags_rows": len(read_jsonl(flags_path))})
 
 
 def _numeric_leaves(tree: dict, prefix: str = "") -> dict[str, float]:
