@@ -19,6 +19,7 @@ import torch
 from trl import GRPOTrainer
 
 from rredcot import credit as C
+from rredcot import segmentation as S
 from rredcot.exit_scoring import ExitScores, TraceExits, score_traces
 
 
@@ -32,7 +33,7 @@ class CreditConfig:
     """Target number of segments per trace (K); K+1 exit points are scored."""
     mix: float = 0.5
     """σ = (1-mix)/|o| + mix · segment share; 0 gives uniform credit."""
-    keywords: tuple[str, ...] = C.DEFAULT_KEYWORDS
+    keywords: tuple[str, ...] = S.DEFAULT_KEYWORDS
     """Sentence-initial discourse keywords that start a new piece."""
     split_on_newline: bool = True
     """Start a new piece after every newline."""
@@ -94,7 +95,7 @@ class RREDCoTTrainer(GRPOTrainer):
 
     def _segments(self, completion: list[int], entropies: torch.Tensor) -> list[int]:
         """Segment start indices of one completion (keyword pieces merged by entropy)."""
-        return C.segment_trace(
+        return S.segment_trace(
             self._token_texts(completion),
             entropies[: len(completion)].tolist(),
             self.credit.n_segments,
@@ -111,7 +112,7 @@ class RREDCoTTrainer(GRPOTrainer):
         )
         rewards = C.segment_rewards(log_v)
         mult = C.token_multiplier(
-            C.segment_ids_from_starts(starts, n), rewards, advantage, mix=self.credit.mix
+            S.segment_ids_from_starts(starts, n), rewards, advantage, mix=self.credit.mix
         )
         return TraceCredit(mult, len(starts), log_v)
 
@@ -157,7 +158,7 @@ class RREDCoTTrainer(GRPOTrainer):
                 scored = (
                     completion[:-1] if completion[-1] == self.processing_class.eos_token_id else completion
                 )
-                cuts = [min(c, len(scored)) for c in C.exit_cuts(starts, length)]
+                cuts = [min(c, len(scored)) for c in S.exit_cuts(starts, length)]
                 specs.append(
                     TraceExits(
                         prompt_ids[i][prompt_mask[i].bool()].tolist(),
