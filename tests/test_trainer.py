@@ -133,3 +133,79 @@ def test_rredcot_redistributes_within_each_trace(setup):
 def test_credit_config_rejects_unknown_method():
     with pytest.raises(ValueError, match="unknown credit method"):
         CreditConfig(method="magic")
+
+
+def _credit_batch(setup, arm: str, seed: int = 99, **options):
+    cfg, tok, model, dataset, out = setup
+    cfg = {**cfg, "arms": {**cfg["arms"], arm: {**cfg["arms"].get(arm, {}), "credit": arm.replace("_", "+")}}}
+    credit = credit_config(cfg, arm)
+    for key, value in options.items():
+        setattr(credit, key, value)
+    trainer = RREDCoTTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=grpo_args({**cfg, "arms": {**cfg["arms"], arm: {"credit": "uniform"}}}, arm, 0, out / arm),
+        train_dataset=dataset,
+        processing_class=tok,
+        credit=credit,
+    )
+    torch.manual_seed(seed)
+    return trainer, trainer._generate_and_score_completions([dataset[i] for i in range(8)])
+
+
+def _factors(batch) -> list[torch.Tensor]:
+    """σ·|o| per trace with a non-zero advantage (per-token advantage / sequence advantage)."""
+    adv, mask = batch["advantages"], batch["completion_mask"].bool()
+    rows = []
+    for i in range(adv.shape[0]):
+        row = adv[i][mask[i]]
+        if row.numel() and row.mean().abs() > 1e-8:
+            rows.append(row / row.mean())
+    return rows
+
+
+@pytest.mark.parametrize("method", ["entropy", "rredcot_entropy"])
+def test_every_credit_method_gives_a_distribution(setup, method):
+    trainer, batch = _credit_batch(setup, method)
+    factors = _factors(batch)
+    assert factors
+    for f in factors:
+        assert torch.isfinite(f).all() and (f >= -1e-6).all()
+        torch.testing.assert_close(
+            f.sum(), torch.tensor(float(f.numel()), dtype=f.dtype), rtol=1e-4, atol=1e-4
+        )
+    assert any(not torch.allclose(f, torch.ones_like(f)) for f in factors)
+    assert trainer._metrics["train"]["credit/traces"][-1] == len(factors)
+
+
+def test_single_pass_and_naive_scorers_give_the_same_credit(setup):
+    _, single = _credit_batch(setup, "rredcot", scorer="single_pass")
+    _, naive = _credit_batch(setup, "rredcot", scorer="naive")
+    assert torch.equal(single["completion_ids"], naive["completion_ids"])
+    torch.testing.assert_close(single["advantages"], naive["advantages"], atol=1e-4, rtol=1e-4)
+
+
+def test_group_pairs_reference_value_model_and_views(setup):
+    trainer, batch = _credit_batch(
+        setup, "rredcot", group_pairs=True, value_model="reference", view_every=1, view_samples=3
+    )
+    assert trainer._value_model is not None and not any(
+        p.requires_grad for p in trainer._value_model.parameters()
+    )
+    factors = _factors(batch)
+    assert factors and all(torch.isfinite(f).all() for f in factors)
+    views = trainer.credit_views
+    assert 1 <= len(views) <= 3
+    for v in views:
+        n = len(v["tokens"])
+        assert len(v["sigma"]) == n and abs(sum(v["sigma"]) - 1.0) < 1e-5
+        assert v["cuts"][0] == 0 and len(v["cuts"]) == len(v["segment_starts"]) + 1
+        assert len(v["log_values"]) == len(v["cuts"]) == len(v["thought_nll"]) == len(v["answer_nll"])
+        assert len(v["entropies"]) == n and v["method"] == "rredcot"
+
+
+def test_final_solution_extraction(setup):
+    trainer, _ = _credit_batch(setup, "rredcot")
+    assert trainer._final_solution("a\n</think>\n1+2=3. \\boxed{3}") == ("1+2=3.", "3")
+    assert trainer._final_solution("no exit \\boxed{3}") is None
+    assert trainer._final_solution("x</think>\nno box") is None

@@ -28,6 +28,8 @@ STAGES = {
     "train": "rredcot.train:main",
     "evaluate": "rredcot.evaluate:main",
     "report": "rredcot.report:main",
+    "bench": "rredcot.bench:main",
+    "credit-view": "rredcot.credit_view_cli:main",
     "tracking": "rredcot.tracking:main",
 }
 

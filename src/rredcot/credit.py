@@ -199,3 +199,113 @@ def token_entropies(logits: Tensor) -> Tensor:
     p = log_p.exp()
     plogp = torch.where(p > 0, p * log_p, torch.zeros_like(p))
     return (-plogp.sum(dim=-1) / math.log(2.0)).clamp_min(0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Credit methods: one entry point for every way of spreading a trace's advantage over its tokens
+# --------------------------------------------------------------------------------------------------
+
+CREDIT_METHODS: tuple[str, ...] = ("uniform", "rredcot", "entropy", "rredcot+entropy")
+"""``uniform``: σ = 1/|o| (GRPO). ``rredcot``: segment rewards from exit-point values, spread uniformly
+within a segment. ``entropy``: token-entropy weighting (seeds/004, part ii). ``rredcot+entropy``:
+RREDCoT's segment shares spread over each segment's tokens by entropy."""
+
+
+def needs_exit_values(method: str) -> bool:
+    """Whether a credit method needs exit-point values (teacher-forced scoring)."""
+    _check_method(method)
+    return method.startswith("rredcot")
+
+
+def needs_entropies(method: str) -> bool:
+    """Whether a credit method reads token entropies (segmentation or token weighting)."""
+    _check_method(method)
+    return method != "uniform"
+
+
+@torch.no_grad()
+def entropy_multiplier(entropies: Tensor, mix: float = 0.5) -> Tensor:
+    """``σ_t · |o|`` of entropy weighting: ``σ_t = (1 - mix)/|o| + mix · H_t / Σ_s H_s`` (float32).
+
+    **[decision]** seeds/004 multiplies the step advantage per token by "a normalised function of the
+    entropy" without fixing it; normalising by the trace's total entropy keeps Σσ = 1, so the method
+    stays return-equivalent and comparable with the others. The weighting ignores the advantage's sign:
+    uncertain tokens carry the outcome either way. All-zero entropies give exactly uniform credit.
+    """
+    h = torch.as_tensor(entropies, dtype=torch.float64).flatten()
+    if not 0.0 <= mix <= 1.0:
+        raise ValueError(f"mix must lie in [0, 1], got {mix}")
+    if not torch.isfinite(h).all():
+        raise ValueError("entropies must be finite")
+    h = h.clamp_min(0.0)
+    n = h.numel()
+    total = float(h.sum())
+    if n == 0 or mix == 0.0 or total <= 0.0:
+        return torch.ones(n, dtype=torch.float32)
+    sigma = (1.0 - mix) / n + mix * h / total
+    return (sigma * n).to(torch.float32)
+
+
+@torch.no_grad()
+def credit_multiplier(
+    method: str,
+    n_tokens: int,
+    advantage: float,
+    mix: float = 0.5,
+    segment_ids: Tensor | None = None,
+    segment_rewards: Tensor | None = None,
+    entropies: Tensor | None = None,
+) -> Tensor:
+    """``σ_t · |o|`` (float32, length ``n_tokens``) of one trace under any credit method.
+
+    The trainer multiplies the trace's advantage by it. ``rredcot*`` need ``segment_ids`` and
+    ``segment_rewards``; ``entropy`` and ``rredcot+entropy`` need ``entropies`` (bits, one per token).
+    Every method gives non-negative, finite σ summing to 1, and exactly 1.0 everywhere for uniform.
+    """
+    _check_method(method)
+    if method == "uniform" or n_tokens == 0:
+        return torch.ones(n_tokens, dtype=torch.float32)
+    if entropies is not None and torch.as_tensor(entropies).numel() != n_tokens:
+        raise ValueError(f"{torch.as_tensor(entropies).numel()} entropies for {n_tokens} tokens")
+    if method == "entropy":
+        if entropies is None:
+            raise ValueError("credit method 'entropy' needs token entropies")
+        return entropy_multiplier(entropies, mix)
+    if segment_ids is None or segment_rewards is None:
+        raise ValueError(f"credit method {method!r} needs segment ids and segment rewards")
+    if torch.as_tensor(segment_ids).numel() != n_tokens:
+        raise ValueError("segment_ids must have one entry per token")
+    weights = None
+    if method == "rredcot+entropy":
+        if entropies is None:
+            raise ValueError("credit method 'rredcot+entropy' needs token entropies")
+        weights = torch.as_tensor(entropies, dtype=torch.float64)
+    return token_multiplier(segment_ids, segment_rewards, advantage, mix, token_weights=weights)
+
+
+@torch.no_grad()
+def exit_log_values(
+    log_p_solution: Tensor,
+    log_p_answer: Tensor,
+    log_q: Tensor | None = None,
+    utility: Tensor | None = None,
+) -> Tensor:
+    """log v̂ at each exit point from scores of shape [n_exits, N] (float64, shape [n_exits]).
+
+    ``log_q`` (shape [N]) defaults to the uniform proposal ``q_i = 1/N``; ``utility`` (shape [N])
+    defaults to 1 for every pair (reference pairs are correct by construction).
+    """
+    lps = torch.as_tensor(log_p_solution, dtype=torch.float64)
+    if lps.dim() != 2 or lps.shape[1] < 1:
+        raise ValueError("scores must have shape [n_exits, N >= 1]")
+    n = lps.shape[1]
+    if log_q is None:
+        log_q = torch.full((n,), -math.log(n), dtype=torch.float64)
+    if utility is None:
+        utility = torch.ones(n, dtype=torch.float64)
+    return pr_log_value(lps, log_p_answer, log_q, utility)
+
+
+def _check_method(method: str) -> None:
+    if method not in CREDIT_METHODS:
+        raise ValueError(f"unknown credit method {method!r}; expected one of {', '.join(CREDIT_METHODS)}")

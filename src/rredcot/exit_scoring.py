@@ -5,15 +5,18 @@ For a cut ``c`` in the completion the scored sequence is::
     prompt ⊕ completion[:c] ⊕ exit ⊕ solution ⊕ answer_prefix ⊕ answer ⊕ answer_suffix
 
 and we read off ``log p(u|s)`` (sum of token log-probs over the solution span) and ``log p(y|u,s)``
-(sum over the answer span, delimiters excluded). This is the naive version: one full sequence per
-(cut, reference pair), right-padded and batched under a token budget. The model is any HF-style
-causal LM called as ``model(input_ids=..., attention_mask=..., use_cache=False).logits``; its
-training/eval mode is left as the caller set it (callers put it in eval mode).
+(sum over the answer span, delimiters excluded). This module holds the shared types and the naive
+scorer: one full sequence per (cut, reference pair), right-padded and batched under a token budget,
+≈ K·L/2 tokens for K cuts of a trace of L tokens. ``prefix_scoring.py`` is the single-pass scorer
+(≈ L + K·A tokens) that the trainer uses; the naive one is the reference it is tested against.
+The model is any HF-style causal LM called as
+``model(input_ids=..., attention_mask=..., use_cache=False).logits``; its training/eval mode is left
+as the caller set it (callers put it in eval mode).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +42,43 @@ class _Job:
     answer_len: int
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
+@dataclass(frozen=True)
+class ExitStrings:
+    """Token ids of the fixed texts around the reference pair at every exit point."""
+
+    exit_ids: list[int]  # closes the thinking block
+    answer_prefix_ids: list[int]  # between solution and answer, e.g. " \\boxed{"
+    answer_suffix_ids: list[int]  # after the answer, e.g. "}"
+
+
+@dataclass(frozen=True)
+class TraceExits:
+    """One trace to score: its prompt, completion, exit points and N reference pairs.
+
+    ``cuts`` may be None when the scorer chooses them from the trace's entropies (``cuts_for``).
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    cuts: list[int] | None
+    pairs: list[tuple[list[int], list[int]]]  # (solution_ids, answer_ids)
+
+    def __post_init__(self) -> None:
+        if not self.pairs:
+            raise ValueError("need at least one reference pair")
+
+
+@dataclass(frozen=True)
+class TraceScores:
+    """Exit-point scores of one trace: float32 [n_cuts, n_pairs] and the completion's entropies (bits)."""
+
+    cuts: list[int]
+    log_p_solution: Tensor  # log p(u|s): minus the thought NLL
+    log_p_answer: Tensor  # log p(y|u,s): minus the reference answer NLL
+    entropies: Tensor  # [completion length], float32
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
     device = getattr(model, "device", None)
     if isinstance(device, torch.device):
         return device
@@ -113,7 +152,7 @@ def _score_jobs(model: torch.nn.Module, jobs: list[_Job], max_batch_tokens: int)
     """Score every job; returns (log_p_solution, log_p_answer), float32 on the CPU, in job order."""
     if max_batch_tokens < 1:
         raise ValueError("max_batch_tokens must be positive")
-    device = _model_device(model)
+    device = model_device(model)
     log_p_solution = torch.zeros(len(jobs), dtype=torch.float32)
     log_p_answer = torch.zeros(len(jobs), dtype=torch.float32)
     with torch.inference_mode():
@@ -189,43 +228,94 @@ def score_reference_pairs(
     return log_p_solution.view(shape), log_p_answer.view(shape)
 
 
-@dataclass(frozen=True)
-class TraceExits:
-    """One trace's exit points and reference pair, for scoring many traces in shared batches."""
+@torch.no_grad()
+def completion_entropies(
+    model: torch.nn.Module,
+    traces: Sequence[tuple[Sequence[int], Sequence[int]]],
+    max_batch_tokens: int = 32768,
+) -> list[Tensor]:
+    """Token entropies (bits) of each (prompt_ids, completion_ids) under the model: batched forward passes.
 
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    cuts: list[int]
-    solution_ids: list[int]
-    answer_ids: list[int]
+    Position ``P + j - 1`` predicts completion token j; with an empty prompt the first token has no
+    predicting position and gets the mean entropy of the others (as in ``prefix_scoring``).
+    """
+    from rredcot.credit import token_entropies
+
+    device = model_device(model)
+    out: list[Tensor] = [torch.zeros(0)] * len(traces)
+    order = list(range(len(traces)))
+    seqs = [[*prompt, *completion] for prompt, completion in traces]
+    width_of = [len(s) for s in seqs]
+    chunk: list[int] = []
+
+    def flush(rows: list[int]) -> None:
+        width = max(width_of[i] for i in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for b, i in enumerate(rows):
+            ids[b, : width_of[i]] = torch.tensor(seqs[i], dtype=torch.long)
+            mask[b, : width_of[i]] = 1
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
+        for b, i in enumerate(rows):
+            p, n = len(traces[i][0]), len(traces[i][1])
+            if n == 0:
+                continue
+            if p == 0:
+                h = token_entropies(logits[b, : n - 1]).cpu()
+                first = h.mean() if h.numel() else torch.tensor(0.0)
+                out[i] = torch.cat([first.reshape(1), h])
+            else:
+                out[i] = token_entropies(logits[b, p - 1 : p + n - 1]).cpu()
+
+    with torch.inference_mode():
+        for i in order:
+            if chunk and (len(chunk) + 1) * max(width_of[j] for j in [*chunk, i]) > max_batch_tokens:
+                flush(chunk)
+                chunk = []
+            chunk.append(i)
+        if chunk:
+            flush(chunk)
+    return out
 
 
-def score_traces(
+def score_traces_naive(
     model: torch.nn.Module,
     traces: Sequence[TraceExits],
-    exit_ids: list[int],
-    answer_prefix_ids: list[int],
-    answer_suffix_ids: list[int],
+    strings: ExitStrings,
     max_batch_tokens: int = 32768,
-) -> list[ExitScores]:
-    """``score_exit_points`` for many traces at once: all their sequences share the batching budget.
+    cuts_for: Callable[[int, Tensor], Sequence[int]] | None = None,
+) -> list[TraceScores]:
+    """Naive exit-point scores of many traces; same contract as ``prefix_scoring.score_traces_single_pass``.
 
-    A trainer scores the whole generation batch with this, so the forward passes are few and full
-    instead of one small batch per trace.
+    All (trace, cut, pair) sequences share the batching budget. Entropies come from an extra forward
+    pass over the traces.
     """
+    entropies = completion_entropies(
+        model, [(t.prompt_ids, t.completion_ids) for t in traces], max_batch_tokens
+    )
     jobs: list[_Job] = []
     bounds = []
-    for t in traces:
+    for i, t in enumerate(traces):
+        cuts = t.cuts if t.cuts is not None else None
+        if cuts is None:
+            if cuts_for is None:
+                raise ValueError(f"trace {i} has no cuts and no cuts_for was given")
+            cuts = cuts_for(i, entropies[i])
+        cuts = [int(c) for c in cuts]
         start = len(jobs)
         jobs += _make_jobs(
             t.prompt_ids,
             t.completion_ids,
-            t.cuts,
-            [(t.solution_ids, t.answer_ids)],
-            exit_ids,
-            answer_prefix_ids,
-            answer_suffix_ids,
+            cuts,
+            t.pairs,
+            strings.exit_ids,
+            strings.answer_prefix_ids,
+            strings.answer_suffix_ids,
         )
-        bounds.append((start, len(jobs)))
+        bounds.append((start, len(jobs), cuts))
     log_p_solution, log_p_answer = _score_jobs(model, jobs, max_batch_tokens)
-    return [ExitScores(log_p_solution[a:b], log_p_answer[a:b]) for a, b in bounds]
+    results = []
+    for (a, b, cuts), t, ent in zip(bounds, traces, entropies, strict=True):
+        shape = (len(cuts), len(t.pairs))
+        results.append(TraceScores(cuts, log_p_solution[a:b].view(shape), log_p_answer[a:b].view(shape), ent))
+    return results

@@ -26,28 +26,48 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig
 
-from rredcot.config import load_config
+from rredcot.config import arm_label, load_config
 from rredcot.data import correctness_reward, rl_records
 from rredcot.evaluate import probe_accuracy
 from rredcot.jsonl import atomic_dir, atomic_path, read_jsonl
 from rredcot.modeling import load_model, load_tokenizer, set_threads
+from rredcot.prefix_scoring import ScoringBudget
+from rredcot.segmentation import SegmentationConfig
 from rredcot.trainer import CreditConfig, RREDCoTTrainer
+
+SEGMENTATION_KEYS = (
+    "keywords",
+    "split_on_newline",
+    "n_segments",
+    "tokens_per_segment",
+    "max_segments",
+    "min_segment_tokens",
+    "homogenize",
+)
+BUDGET_KEYS = ("max_batch_tokens", "max_mask_elements", "max_logit_elements")
 
 
 def credit_config(cfg: Mapping[str, Any], arm: str) -> CreditConfig:
-    """The CreditConfig of an arm, from the config's ``arms``, ``credit`` and ``prompt`` sections."""
-    c, p = cfg["credit"], cfg["prompt"]
-    extra = {"keywords": tuple(c["keywords"])} if c.get("keywords") else {}
+    """The CreditConfig of an arm: the ``credit`` section, the arm's ``credit_options`` and ``prompt``."""
+    c = {**cfg["credit"], **cfg["arms"][arm].get("credit_options", {})}
+    p = cfg["prompt"]
+    seg = {k: c[k] for k in SEGMENTATION_KEYS if k in c}
+    if "keywords" in seg:
+        seg["keywords"] = tuple(seg["keywords"])
     return CreditConfig(
         method=cfg["arms"][arm]["credit"],
-        n_segments=c["n_segments"],
         mix=c["mix"],
-        split_on_newline=c["split_on_newline"],
+        segmentation=SegmentationConfig(**seg),
         exit_string=p["exit_string"],
         answer_prefix=p["answer_prefix"],
         answer_suffix=p["answer_suffix"],
-        max_batch_tokens=c["max_batch_tokens"],
-        **extra,
+        group_pairs=c["group_pairs"],
+        proposal=c["proposal"],
+        value_model=c["value_model"],
+        scorer=c["scorer"],
+        budget=ScoringBudget(**{k: c[k] for k in BUDGET_KEYS}),
+        view_every=c["view_every"],
+        view_samples=c["view_samples"],
     )
 
 
@@ -98,6 +118,11 @@ class CurveCallback(TrainerCallback):
         self.every, self.eval_cfg = every, eval_cfg
         self.curve: list[dict[str, float]] = []
         self.metrics_fh = open(metrics_path, "w")  # noqa: SIM115 - closed in on_train_end
+        self.views_dir: Path | None = None  # where credit pictures go (set by train())
+        self.trainer: RREDCoTTrainer | None = None
+        self.step_seconds: list[float] = []
+        self._step_t0 = 0.0
+        self._views_done = 0
 
     def _probe(self, model: torch.nn.Module, step: int) -> None:
         acc = probe_accuracy(model, self.tok, self.rows, self.template, self.eval_cfg)
@@ -111,9 +136,31 @@ class CurveCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
         self._probe(model, 0)
 
+    def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+        self._step_t0 = time.perf_counter()
+
     def on_step_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
+        # Generation, credit, loss and update: the probe below is not part of the step.
+        seconds = time.perf_counter() - self._step_t0
+        self.step_seconds.append(seconds)
+        self.run.log_metrics({"perf/step_seconds": seconds}, step=state.global_step)
+        self._write_views()
         if state.global_step % self.every == 0 or state.global_step == state.max_steps:
             self._probe(model, state.global_step)
+
+    def _write_views(self) -> None:
+        """Render the credit records the trainer kept since the last step and log them to MLflow."""
+        from rredcot.credit_view import write_views
+
+        views = self.trainer.credit_views if self.trainer is not None else []
+        new = views[self._views_done :]
+        if not new or self.views_dir is None:
+            return
+        self._views_done = len(views)
+        step = new[0]["step"]
+        folder = self.views_dir / f"step{step:05d}"
+        write_views(new, folder, stem="trace")
+        self.run.log_artifacts(folder, artifact_path=f"credit/step{step:05d}")
 
     def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
         if logs:
@@ -166,6 +213,8 @@ def train(
         callbacks=[callback],
         credit=credit_config(cfg, arm),
     )
+    callback.trainer = trainer
+    callback.views_dir = out / "credit"
     t0 = time.time()
     trainer.train()
     seconds = time.time() - t0
@@ -175,9 +224,11 @@ def train(
     write_curve(out / "curve.csv", callback.curve, arm, seed)
     shutil.rmtree(work, ignore_errors=True)
     final = callback.curve[-1]
+    steps = sorted(callback.step_seconds)
     return {
         "train_seconds": seconds,
         "seconds_per_step": seconds / max(1, cfg["rl"]["max_steps"]),
+        "median_step_seconds": steps[len(steps) // 2] if steps else float("nan"),
         "final_heldout_greedy_accuracy": final["greedy"],
         "final_heldout_sampled_accuracy": final["sampled"],
     }
@@ -210,6 +261,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "model": args.model,
         "data": args.data,
     }
+    arm_cfg = cfg["arms"][args.arm]
+    tags = {
+        "rredcot.credit_method": arm_cfg["credit"],
+        "rredcot.loss_type": arm_cfg.get("loss_type", "grpo"),
+        "rredcot.arm_label": arm_label(cfg, args.arm),
+    }
     with stage_run(
         cfg,
         f"train-{args.arm}-s{args.seed}",
@@ -217,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         arm=args.arm,
         seed=args.seed,
         params=params,
+        tags=tags,
     ) as run:
         summary = train(cfg, args.arm, args.seed, args.model, args.data, args.eval_data, out, run)
         run.log_metrics(summary)

@@ -1,0 +1,291 @@
+"""Benchmark of credit-assignment cost: how close single-pass σ comes to the compute floor.
+
+On one batch of traces it times
+
+- ``forward``: one plain forward pass over ``prompt ⊕ completion`` (the unit of cost);
+- ``sigma_single_pass``: σ with single-pass scoring (trace pass with entropies, segmentation, suffix pass,
+  values, σ);
+- ``sigma_naive``: σ with one sequence per exit point (entropy pass, segmentation, naive scoring, σ);
+- ``mc_values``: Monte Carlo values at the same exit points, M sampled rollouts per exit point, each
+  continuing for the rest of the trace plus the answer (measured on a subset of traces, per trace);
+
+and reports each as a ratio to ``forward`` next to the token-count bound ``(L + K·A)/L`` (L tokens per
+trace, K exit points, A tokens per exit suffix). With ``--train-metrics`` it also summarises the
+training-step time per arm from a workflow run (``perf/step_seconds`` in each ``metrics.jsonl``).
+
+CLI: ``rredcot bench --out results/bench/credit.json`` (see ``--help``). The model is randomly
+initialised unless ``--model`` names a checkpoint: timing does not depend on the weights, and MC
+rollouts are forced to their full length so that the cost is the same for any model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from rredcot import credit as C
+from rredcot import segmentation as S
+from rredcot.exit_scoring import ExitStrings, TraceExits, score_traces_naive
+from rredcot.jsonl import write_json
+from rredcot.modeling import load_model, set_threads
+from rredcot.prefix_scoring import ScoringBudget, score_traces_single_pass
+
+NEWLINE = "\n"
+
+
+def _timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """Median wall time of ``repeats`` calls (after one warm-up call) and the last result."""
+    fn()
+    times, result = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), result
+
+
+def make_model(args: argparse.Namespace) -> torch.nn.Module:
+    if args.model:
+        return load_model(args.model).eval()
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=max(1, args.heads // 2),
+        intermediate_size=args.hidden * 3,
+        max_position_embeddings=4 * (args.prompt + args.length + args.suffix),
+        attn_implementation="sdpa",
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+def make_batch(args: argparse.Namespace, vocab: int) -> tuple[list[TraceExits], list[list[str]], ExitStrings]:
+    """Random traces with newline tokens sprinkled in (so segmentation has pieces to merge)."""
+    rng = random.Random(args.seed)
+    traces, texts = [], []
+    solution_len = max(1, args.suffix - 8)
+    for _ in range(args.traces):
+        completion = [rng.randrange(2, vocab) for _ in range(args.length)]
+        # About four pieces per segment: a newline token every ~L/(4K) tokens.
+        tokens = [NEWLINE if rng.random() < 4 * args.exits / args.length else f" t{t}" for t in completion]
+        pairs = [([rng.randrange(2, vocab) for _ in range(solution_len)], [rng.randrange(2, vocab)])]
+        traces.append(
+            TraceExits([rng.randrange(2, vocab) for _ in range(args.prompt)], completion, None, pairs)
+        )
+        texts.append(tokens)
+    strings = ExitStrings(
+        [rng.randrange(2, vocab) for _ in range(3)], [rng.randrange(2, vocab) for _ in range(4)], [1]
+    )
+    return traces, texts, strings
+
+
+def _cuts_for(texts: list[list[str]], n_segments: int, chosen: dict[int, list[int]]) -> Callable:
+    seg = S.SegmentationConfig(n_segments=n_segments, min_segment_tokens=4)
+
+    def cuts_for(i: int, entropies: torch.Tensor) -> list[int]:
+        starts = S.segment_trace(texts[i], entropies.tolist(), seg)
+        chosen[i] = starts
+        return S.exit_cuts(starts, len(texts[i]))
+
+    return cuts_for
+
+
+def _sigma(traces: Sequence[TraceExits], scores: list, chosen: dict[int, list[int]]) -> list[torch.Tensor]:
+    out = []
+    for i, (t, sc) in enumerate(zip(traces, scores, strict=True)):
+        log_v = C.exit_log_values(sc.log_p_solution, sc.log_p_answer)
+        ids = S.segment_ids_from_starts(chosen[i], len(t.completion_ids))
+        out.append(
+            C.credit_multiplier("rredcot", len(t.completion_ids), -1.0, 0.5, ids, C.segment_rewards(log_v))
+        )
+    return out
+
+
+def forward_pass(model: torch.nn.Module, traces: Sequence[TraceExits]) -> torch.Tensor:
+    """One plain batched forward over prompt ⊕ completion, logits included (the unit of cost)."""
+    ids = torch.tensor([[*t.prompt_ids, *t.completion_ids] for t in traces])
+    with torch.inference_mode():
+        return model(input_ids=ids, use_cache=False).logits
+
+
+def mc_values(
+    model: torch.nn.Module, trace: TraceExits, cuts: list[int], samples: int, answer_tokens: int
+) -> list[float]:
+    """Generation cost of MC values: ``samples`` rollouts per cut, to the trace's end plus an answer."""
+    out = []
+    with torch.inference_mode():
+        for c in cuts:
+            prefix = torch.tensor([[*trace.prompt_ids, *trace.completion_ids[:c]]] * samples)
+            new = len(trace.completion_ids) - c + answer_tokens
+            gen = model.generate(
+                input_ids=prefix,
+                attention_mask=torch.ones_like(prefix),
+                do_sample=True,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                pad_token_id=0,
+            )
+            out.append(float(gen.shape[1]))
+    return out
+
+
+def train_step_summary(root: Path) -> dict[str, Any]:
+    """Median ``perf/step_seconds`` per arm over every seed's metrics.jsonl under ``root``."""
+    per_arm: dict[str, list[float]] = {}
+    for path in sorted(root.glob("*/seed*/metrics.jsonl")):
+        arm = path.parent.parent.name
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if "perf/step_seconds" in row:
+                per_arm.setdefault(arm, []).append(float(row["perf/step_seconds"]))
+    summary: dict[str, Any] = {
+        arm: {"median_step_seconds": statistics.median(v), "steps": len(v)} for arm, v in per_arm.items() if v
+    }
+    base = summary.get("grpo", {}).get("median_step_seconds")
+    if base:
+        for arm in summary:
+            summary[arm]["ratio_to_grpo"] = summary[arm]["median_step_seconds"] / base
+    return summary
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    set_threads(args.threads)
+    model = make_model(args)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    traces, texts, strings = make_batch(args, vocab)
+    n_segments = args.exits - 1
+    budget = ScoringBudget(max_batch_tokens=args.max_batch_tokens)
+    print(
+        f"[bench] {len(traces)} traces x {args.prompt}+{args.length} tokens, {args.exits} exit points",
+        flush=True,
+    )
+
+    t_forward, _ = _timed(lambda: forward_pass(model, traces), args.repeats)
+    print(f"[bench] forward {t_forward:.3f} s", flush=True)
+
+    chosen_single: dict[int, list[int]] = {}
+
+    def single() -> tuple[list, list]:
+        scores = score_traces_single_pass(
+            model, traces, strings, budget, _cuts_for(texts, n_segments, chosen_single)
+        )
+        return scores, _sigma(traces, scores, chosen_single)
+
+    t_single, (scores_single, _) = _timed(single, args.repeats)
+    print(f"[bench] sigma single-pass {t_single:.3f} s", flush=True)
+
+    chosen_naive: dict[int, list[int]] = {}
+
+    def naive() -> tuple[list, list]:
+        scores = score_traces_naive(
+            model, traces, strings, budget.max_batch_tokens, _cuts_for(texts, n_segments, chosen_naive)
+        )
+        return scores, _sigma(traces, scores, chosen_naive)
+
+    t_naive, (scores_naive, _) = _timed(naive, max(1, args.repeats // 2))
+    print(f"[bench] sigma naive {t_naive:.3f} s", flush=True)
+
+    diff = max(
+        float((x - y).abs().max())
+        for a, b in zip(scores_single, scores_naive, strict=True)
+        for x, y in ((a.log_p_solution, b.log_p_solution), (a.log_p_answer, b.log_p_answer))
+    )
+    print(f"[bench] max |log p single - naive| = {diff:.2e}", flush=True)
+
+    cuts = [sc.cuts for sc in scores_single]
+    n_exits = statistics.mean(len(c) for c in cuts)
+    suffix = 1 + len(strings.exit_ids) + len(traces[0].pairs[0][0]) + len(strings.answer_prefix_ids)
+    suffix += len(traces[0].pairs[0][1]) + len(strings.answer_suffix_ids)
+    length = args.prompt + args.length
+    bound = (length + n_exits * suffix) / length
+
+    mc_traces = traces[: args.mc_traces]
+    t0 = time.perf_counter()
+    for t, c in zip(mc_traces, cuts, strict=False):
+        mc_values(model, t, c, args.mc_samples, answer_tokens=suffix)
+    t_mc = (time.perf_counter() - t0) * len(traces) / max(1, len(mc_traces))  # scaled to the whole batch
+    print(f"[bench] MC values (M={args.mc_samples}) {t_mc:.1f} s for the batch (scaled)", flush=True)
+
+    report: dict[str, Any] = {
+        "setup": {
+            "traces": len(traces),
+            "prompt_tokens": args.prompt,
+            "completion_tokens": args.length,
+            "trace_tokens_L": length,
+            "exit_points_K": n_exits,
+            "suffix_tokens_A": suffix,
+            "mc_samples_M": args.mc_samples,
+            "mc_traces_measured": len(mc_traces),
+            "model": args.model
+            or f"random Qwen2 h{args.hidden} x{args.layers} heads {args.heads} vocab {vocab}",
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "threads": torch.get_num_threads(),
+            "device": "cpu",
+            "machine": platform.platform(),
+            "torch": torch.__version__,
+        },
+        "seconds": {
+            "forward": t_forward,
+            "sigma_single_pass": t_single,
+            "sigma_naive": t_naive,
+            "mc_values": t_mc,
+        },
+        "ratios": {
+            "token_bound_(L+KA)/L": bound,
+            "single_pass_over_forward": t_single / t_forward,
+            "single_pass_over_bound": t_single / t_forward / bound,
+            "naive_over_forward": t_naive / t_forward,
+            "naive_over_single_pass": t_naive / t_single,
+            "mc_over_forward": t_mc / t_forward,
+            "mc_over_single_pass": t_mc / t_single,
+        },
+        "max_abs_logprob_diff_single_vs_naive": diff,
+    }
+    if args.train_metrics and Path(args.train_metrics).is_dir():
+        report["train_step"] = train_step_summary(Path(args.train_metrics))
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="results/bench/credit.json", help="JSON report path")
+    ap.add_argument("--model", help="checkpoint directory (default: a randomly initialised Qwen2)")
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--traces", type=int, default=8, help="traces in the batch")
+    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens per trace")
+    ap.add_argument("--length", type=int, default=1024, help="completion tokens per trace")
+    ap.add_argument("--exits", type=int, default=32, help="exit points per trace (segments + 1)")
+    ap.add_argument("--suffix", type=int, default=48, help="reference solution + answer tokens (about)")
+    ap.add_argument("--mc-samples", type=int, default=4, help="M rollouts per exit point")
+    ap.add_argument("--mc-traces", type=int, default=1, help="traces whose MC cost is measured")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=max(1, torch.get_num_threads()))
+    ap.add_argument("--max-batch-tokens", type=int, default=32768)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--train-metrics", default="results/train", help="workflow train folder to summarise")
+    args = ap.parse_args(argv)
+    report = run(args)
+    write_json(Path(args.out), report)
+    print(json.dumps(report["ratios"], indent=2))
+    if "train_step" in report:
+        print(json.dumps(report["train_step"], indent=2))
+    print(f"[bench] wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

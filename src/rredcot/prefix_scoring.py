@@ -1,0 +1,369 @@
+"""Single-pass exit-point scoring: the shared prefix is computed once (METHOD.md section 2.3).
+
+Every exit point of a trace reads the same prefix ``prompt ⊕ completion[:c]``, so scoring K exit
+points does not need K forward passes over growing prefixes (≈ K·L/2 tokens, ``exit_scoring.py``).
+Here it costs about ``L + K·A`` tokens:
+
+1. **Trace pass.** One forward over ``prompt ⊕ completion`` per trace (batched, right-padded) keeps
+   the KV cache and, from the same logits, the completion's token entropies (for segmentation).
+2. **Suffix pass.** For cut ``c`` the suffix ``last prefix token ⊕ exit ⊕ solution ⊕ answer_prefix ⊕
+   answer ⊕ answer_suffix`` is run on top of that cache. All suffixes of a trace are packed into one
+   row with a tree-shaped attention mask: a suffix sees the cached keys of its own prefix (positions
+   ``< P + c - 1``) and, causally, its own tokens, never another suffix; its position ids restart at
+   ``P + c - 1``, so every token sits exactly where it would in the naive sequence.
+
+The last prefix token is fed again as the suffix's first token (its cached copy is masked out) so
+that the logits predicting the first exit/solution token come from the suffix pass too; this costs
+one token per exit point and keeps a uniform layout even for an empty exit string.
+
+Why cache + packed mask rather than one packed sequence: the cuts depend on the segmentation, which
+depends on the entropies of the trace pass, so the trace must be read before the suffixes exist.
+
+Requirements on the model: an HF causal LM whose attention takes a 4D additive mask (``eager`` or
+``sdpa``; FlashAttention-2 does not) and that exposes ``get_decoder()`` and
+``get_output_embeddings()``. Logits are computed only at the positions that are read, in chunks,
+so vocabulary size does not multiply the memory of long traces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+from rredcot.credit import token_entropies
+from rredcot.exit_scoring import ExitStrings, TraceExits, TraceScores, model_device
+
+# Attention implementations known to honour an arbitrary 4D additive mask.
+MASK_CAPABLE = ("eager", "sdpa")
+
+
+@dataclass(frozen=True)
+class ScoringBudget:
+    """Bounds on the work of one forward pass, so that long traces and many exit points fit."""
+
+    max_batch_tokens: int = 32768
+    """Padded tokens per forward pass: rows × longest row (trace pass) or rows × packed suffixes."""
+    max_mask_elements: int = 1 << 26
+    """Entries of one 4D mask (rows × queries × keys); bounds the mask and attention-score memory."""
+    max_logit_elements: int = 1 << 25
+    """Vocabulary logits materialised at once (positions × vocabulary size)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_tokens", "max_mask_elements", "max_logit_elements"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+
+
+def supports_single_pass(model: torch.nn.Module) -> bool:
+    """True when the model's attention accepts the tree-shaped 4D mask this module builds."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return impl in MASK_CAPABLE and hasattr(model, "get_decoder")
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading logits at selected positions only
+# --------------------------------------------------------------------------------------------------
+
+
+def _lm_logits(model: torch.nn.Module, hidden: Tensor) -> Tensor:
+    """Vocabulary logits for hidden states [n, d] (float32), as the model's own head computes them."""
+    logits = model.get_output_embeddings()(hidden).float()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def _token_log_probs(
+    model: torch.nn.Module, hidden: Tensor, targets: Tensor, budget: ScoringBudget
+) -> Tensor:
+    """log p(targets[i] | hidden[i]) for hidden [n, d] and targets [n], in vocabulary-bounded chunks."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    step = max(1, budget.max_logit_elements // vocab)
+    out = []
+    for a in range(0, hidden.shape[0], step):
+        log_p = torch.log_softmax(_lm_logits(model, hidden[a : a + step]), dim=-1)
+        out.append(log_p.gather(-1, targets[a : a + step, None]).squeeze(-1))
+    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+
+
+def _entropies(model: torch.nn.Module, hidden: Tensor, budget: ScoringBudget) -> Tensor:
+    """Predictive entropy in bits for hidden states [n, d], in vocabulary-bounded chunks."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    step = max(1, budget.max_logit_elements // vocab)
+    out = [token_entropies(_lm_logits(model, hidden[a : a + step])) for a in range(0, hidden.shape[0], step)]
+    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------------------------------
+# Trace pass
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _TraceChunk:
+    """KV cache and entropies of a chunk of traces after the trace pass."""
+
+    indices: list[int]  # trace indices, one per cache row
+    cache: DynamicCache
+    width: int  # cached (padded) length
+
+
+def _trace_chunks(lengths: Sequence[int], budget: ScoringBudget) -> list[list[int]]:
+    """Consecutive trace indices whose padded trace pass fits ``max_batch_tokens`` (at least one each)."""
+    chunks: list[list[int]] = []
+    widest = 0
+    for i, n in enumerate(lengths):
+        if chunks and (len(chunks[-1]) + 1) * max(widest, n) <= budget.max_batch_tokens:
+            chunks[-1].append(i)
+            widest = max(widest, n)
+        else:
+            chunks.append([i])
+            widest = n
+    return chunks
+
+
+def _run_trace_pass(
+    model: torch.nn.Module, traces: Sequence[TraceExits], rows: list[int], budget: ScoringBudget
+) -> tuple[_TraceChunk, list[Tensor]]:
+    """Forward ``prompt ⊕ completion`` for the given traces; returns the cache and completion entropies."""
+    device = model_device(model)
+    seqs = [[*traces[i].prompt_ids, *traces[i].completion_ids] for i in rows]
+    width = max(len(s) for s in seqs)
+    input_ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        input_ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[b, : len(s)] = 1
+    cache = DynamicCache(config=model.config)
+    # Right padding: real tokens keep positions 0..n-1; padded keys are masked out of every later query.
+    out = model.get_decoder()(
+        input_ids=input_ids.to(device),
+        attention_mask=mask.to(device),
+        past_key_values=cache,
+        use_cache=True,
+    )
+    hidden = out.last_hidden_state
+    entropies = []
+    for b, i in enumerate(rows):
+        p, n = len(traces[i].prompt_ids), len(traces[i].completion_ids)
+        # Position t predicts token t+1: completion token j is predicted at position p + j - 1.
+        if n == 0:
+            entropies.append(torch.zeros(0))
+        elif p == 0:
+            # The first completion token has no predicting position; give it the mean entropy of the rest.
+            h = _entropies(model, hidden[b, : n - 1], budget).cpu()
+            first = h.mean() if h.numel() else torch.tensor(0.0)
+            entropies.append(torch.cat([first.reshape(1), h]))
+        else:
+            entropies.append(_entropies(model, hidden[b, p - 1 : p + n - 1], budget).cpu())
+    return _TraceChunk(rows, out.past_key_values, width), entropies
+
+
+# --------------------------------------------------------------------------------------------------
+# Suffix pass
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Suffix:
+    """One (cut, reference pair) suffix of one trace."""
+
+    trace: int  # index into the traces
+    row: int  # cache row of the trace in its chunk
+    out: int  # flat output index: cut-major within the trace
+    start_pos: int  # position id of the suffix's first token (= P + c - 1)
+    ids: list[int]
+    solution_at: int  # offset of the solution span within the suffix
+    solution_len: int
+    answer_at: int
+    answer_len: int
+
+
+def _suffixes(
+    traces: Sequence[TraceExits], chunk: _TraceChunk, cuts: dict[int, list[int]], strings: ExitStrings
+) -> list[_Suffix]:
+    jobs = []
+    for row, t in enumerate(chunk.indices):
+        trace = traces[t]
+        prefix = [*trace.prompt_ids, *trace.completion_ids]
+        n_pairs = len(trace.pairs)
+        for k, c in enumerate(cuts[t]):
+            if not 0 <= c <= len(trace.completion_ids):
+                raise ValueError(f"cut {c} outside [0, {len(trace.completion_ids)}] in trace {t}")
+            last = len(trace.prompt_ids) + c - 1
+            if last < 0:
+                raise ValueError("prompt and completion prefix are both empty at cut 0")
+            head = [prefix[last], *strings.exit_ids]
+            for j, (solution, answer) in enumerate(trace.pairs):
+                ids = [*head, *solution, *strings.answer_prefix_ids, *answer, *strings.answer_suffix_ids]
+                answer_at = len(head) + len(solution) + len(strings.answer_prefix_ids)
+                jobs.append(
+                    _Suffix(
+                        t, row, k * n_pairs + j, last, ids, len(head), len(solution), answer_at, len(answer)
+                    )
+                )
+    return jobs
+
+
+def _pack(jobs: list[_Suffix], width: int, budget: ScoringBudget) -> list[list[list[_Suffix]]]:
+    """Group suffixes into passes of rows; a row holds suffixes of one trace packed end to end.
+
+    A row's packed length Q is bounded so that one row alone fits both budgets; rows are then
+    gathered into passes while rows × Q_max stays within ``max_batch_tokens`` and
+    rows × Q_max × (width + Q_max) within ``max_mask_elements``.
+    """
+
+    def fits(n_rows: int, q: int) -> bool:
+        return n_rows * q <= budget.max_batch_tokens and n_rows * q * (width + q) <= budget.max_mask_elements
+
+    rows: list[list[_Suffix]] = []
+    for job in jobs:
+        row = rows[-1] if rows else None
+        if row and row[0].trace == job.trace and fits(1, sum(len(j.ids) for j in row) + len(job.ids)):
+            row.append(job)
+        else:
+            rows.append([job])
+    passes: list[list[list[_Suffix]]] = []
+    q_max = 0
+    for row in rows:
+        q = sum(len(j.ids) for j in row)
+        if passes and fits(len(passes[-1]) + 1, max(q_max, q)):
+            passes[-1].append(row)
+            q_max = max(q_max, q)
+        else:
+            passes.append([row])
+            q_max = q
+    return passes
+
+
+def _row_cache(chunk: _TraceChunk, rows: list[int]) -> DynamicCache:
+    """A fresh cache holding the given cache rows (the suffix pass appends to it; the original stays)."""
+    index = torch.tensor(rows, device=chunk.cache.layers[0].keys.device)
+    data = [
+        (layer.keys.index_select(0, index), layer.values.index_select(0, index))
+        for layer in chunk.cache.layers
+    ]
+    return DynamicCache(ddp_cache_data=data)
+
+
+def _run_suffix_pass(
+    model: torch.nn.Module,
+    chunk: _TraceChunk,
+    packed: list[list[_Suffix]],
+    budget: ScoringBudget,
+    flat: Tensor,
+    slot: Callable[[_Suffix, bool], int],
+) -> None:
+    """Score one pass of packed suffix rows; add span log-prob sums at ``flat[slot(job, is_answer)]``."""
+    device = model_device(model)
+    dtype = next(model.parameters()).dtype
+    n_rows = len(packed)
+    q_len = max(sum(len(j.ids) for j in row) for row in packed)
+    width = chunk.width
+    input_ids = torch.zeros(n_rows, q_len, dtype=torch.long)
+    positions = torch.zeros(n_rows, q_len, dtype=torch.long)
+    # Additive mask: 0 where a query may attend, the dtype's minimum elsewhere (works for eager and sdpa).
+    allowed = torch.zeros(n_rows, q_len, width + q_len, dtype=torch.bool)
+    targets: list[tuple[int, int, int, int]] = []  # (row, query offset, target token, output slot)
+    for r, row in enumerate(packed):
+        offset = 0
+        for job in row:
+            n = len(job.ids)
+            sl = slice(offset, offset + n)
+            input_ids[r, sl] = torch.tensor(job.ids, dtype=torch.long)
+            positions[r, sl] = job.start_pos + torch.arange(n)
+            allowed[r, sl, : job.start_pos] = True  # the cached prefix before the re-fed token
+            allowed[r, sl, width + offset : width + offset + n] = torch.ones(n, n, dtype=torch.bool).tril()
+            # Suffix token i+1 is predicted at query offset + i.
+            for span_at, span_len, is_answer in (
+                (job.solution_at, job.solution_len, False),
+                (job.answer_at, job.answer_len, True),
+            ):
+                dest = slot(job, is_answer)
+                targets += [(r, offset + i - 1, job.ids[i], dest) for i in range(span_at, span_at + span_len)]
+            offset += n
+        # Padding queries (past the last suffix) attend to themselves only, so no row is fully masked.
+        for q in range(offset, q_len):
+            allowed[r, q, width + q] = True
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+    cache = _row_cache(chunk, [row[0].row for row in packed])
+    out = model.get_decoder()(
+        input_ids=input_ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=positions.to(device),
+        past_key_values=cache,
+        use_cache=True,
+    )
+    if not targets:
+        return
+    t = torch.tensor([(r, q, tok) for r, q, tok, _ in targets], device=device)
+    log_p = _token_log_probs(model, out.last_hidden_state[t[:, 0], t[:, 1]], t[:, 2], budget).cpu()
+    dest = torch.tensor([d for *_, d in targets])
+    flat.index_add_(0, dest, log_p.to(flat.dtype))
+
+
+# --------------------------------------------------------------------------------------------------
+# Public entry point
+# --------------------------------------------------------------------------------------------------
+
+
+CutsFor = Callable[[int, Tensor], Sequence[int]]
+
+
+def score_traces_single_pass(
+    model: torch.nn.Module,
+    traces: Sequence[TraceExits],
+    strings: ExitStrings,
+    budget: ScoringBudget | None = None,
+    cuts_for: CutsFor | None = None,
+) -> list[TraceScores]:
+    """Exit-point scores of many traces, each shared prefix computed once.
+
+    ``traces[i].cuts`` gives the exit points; when it is None, ``cuts_for(i, entropies)`` chooses
+    them from the completion's token entropies (bits) of the trace pass, so segmentation costs no
+    extra forward pass. Returns, per trace, the entropies and float32 ``log p(u|s)``, ``log p(y|u,s)``
+    of shape [n_cuts, n_pairs], equal to ``exit_scoring.score_traces_naive`` up to float round-off.
+    The model's train/eval mode is left as the caller set it.
+    """
+    budget = budget or ScoringBudget()
+    if not supports_single_pass(model):
+        impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        raise ValueError(f"single-pass scoring needs attention 'eager' or 'sdpa', not {impl!r}")
+    results: list[TraceScores | None] = [None] * len(traces)
+    lengths = [len(t.prompt_ids) + len(t.completion_ids) for t in traces]
+    with torch.inference_mode():
+        for rows in _trace_chunks(lengths, budget):
+            chunk, entropies = _run_trace_pass(model, traces, rows, budget)
+            cuts: dict[int, list[int]] = {}
+            for i, ent in zip(rows, entropies, strict=True):
+                given = traces[i].cuts
+                if given is None:
+                    if cuts_for is None:
+                        raise ValueError(f"trace {i} has no cuts and no cuts_for was given")
+                    given = cuts_for(i, ent)
+                cuts[i] = [int(c) for c in given]
+            # One flat float64 buffer per chunk: [solution sums | answer sums], trace after trace.
+            base, n_out = {}, 0
+            for i in rows:
+                base[i] = n_out
+                n_out += len(cuts[i]) * len(traces[i].pairs)
+            flat = torch.zeros(2 * n_out, dtype=torch.float64)
+
+            def slot(job: _Suffix, is_answer: bool, base: dict = base, n_out: int = n_out) -> int:
+                return base[job.trace] + job.out + (n_out if is_answer else 0)
+
+            for packed in _pack(_suffixes(traces, chunk, cuts, strings), chunk.width, budget):
+                _run_suffix_pass(model, chunk, packed, budget, flat, slot)
+            for i, ent in zip(rows, entropies, strict=True):
+                shape = (len(cuts[i]), len(traces[i].pairs))
+                a, b = base[i], base[i] + shape[0] * shape[1]
+                sol = flat[a:b].float().view(shape)
+                ans = flat[n_out + a : n_out + b].float().view(shape)
+                results[i] = TraceScores(cuts[i], sol, ans, ent)
+            del chunk
+    return results  # type: ignore[return-value]

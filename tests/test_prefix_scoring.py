@@ -1,0 +1,171 @@
+"""Single-pass exit scoring must reproduce the naive per-exit-point scoring (float32 round-off)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from rredcot.exit_scoring import ExitStrings, TraceExits, completion_entropies, score_traces_naive
+from rredcot.prefix_scoring import ScoringBudget, score_traces_single_pass, supports_single_pass
+
+VOCAB = 61
+ATOL = 2e-4  # sums of up to ~40 float32 log-probs
+
+
+def _qwen(attn: str, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        attn_implementation=attn,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+def _llama(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        intermediate_size=96,
+        max_position_embeddings=512,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+MODELS = {
+    "qwen2-sdpa": lambda: _qwen("sdpa", 0),
+    "qwen2-eager": lambda: _qwen("eager", 1),
+    "llama-sdpa": lambda: _llama(2),
+}
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(1, VOCAB) for _ in range(n)]
+
+
+def _random_traces(seed: int, n_traces: int = 4, n_pairs: int = 2) -> list[TraceExits]:
+    """Traces of different lengths with random cuts that always include 0 and the last position."""
+    rng = random.Random(seed)
+    traces = []
+    for _ in range(n_traces):
+        completion = _ids(rng, rng.randrange(1, 60))
+        inner = rng.sample(range(1, len(completion)), k=min(len(completion) - 1, rng.randrange(0, 8)))
+        cuts = sorted({0, len(completion), *inner})
+        pairs = [(_ids(rng, rng.randrange(0, 12)), _ids(rng, rng.randrange(1, 4))) for _ in range(n_pairs)]
+        traces.append(TraceExits(_ids(rng, rng.randrange(1, 15)), completion, cuts, pairs))
+    return traces
+
+
+def _strings(seed: int, exit_len: int = 3) -> ExitStrings:
+    rng = random.Random(seed)
+    return ExitStrings(_ids(rng, exit_len), _ids(rng, 2), _ids(rng, 1))
+
+
+def _assert_same(single: list, naive: list) -> float:
+    worst = 0.0
+    for a, b in zip(single, naive, strict=True):
+        assert a.cuts == b.cuts
+        assert a.log_p_solution.shape == b.log_p_solution.shape and a.log_p_solution.dtype == torch.float32
+        for x, y in ((a.log_p_solution, b.log_p_solution), (a.log_p_answer, b.log_p_answer)):
+            torch.testing.assert_close(x, y, atol=ATOL, rtol=0)
+            worst = max(worst, float((x - y).abs().max()) if x.numel() else 0.0)
+        torch.testing.assert_close(a.entropies, b.entropies, atol=1e-4, rtol=0)
+    return worst
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_single_pass_matches_naive(name: str, seed: int) -> None:
+    model = MODELS[name]()
+    assert supports_single_pass(model)
+    traces, strings = _random_traces(seed), _strings(seed)
+    single = score_traces_single_pass(model, traces, strings)
+    naive = score_traces_naive(model, traces, strings)
+    _assert_same(single, naive)
+    # Real numbers: negative log-probs that differ between exit points.
+    long = max(single, key=lambda s: len(s.cuts))
+    assert (long.log_p_answer < 0).all() and long.log_p_answer[:, 0].unique().numel() > 1
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        ScoringBudget(max_batch_tokens=1, max_mask_elements=1, max_logit_elements=1),
+        ScoringBudget(max_batch_tokens=90, max_mask_elements=20_000, max_logit_elements=200),
+        ScoringBudget(max_batch_tokens=400, max_mask_elements=1 << 30, max_logit_elements=VOCAB * 7),
+    ],
+)
+def test_budgets_only_change_the_chunking(budget: ScoringBudget) -> None:
+    model = MODELS["qwen2-sdpa"]()
+    traces, strings = _random_traces(7, n_traces=5, n_pairs=3), _strings(7)
+    _assert_same(
+        score_traces_single_pass(model, traces, strings, budget), score_traces_naive(model, traces, strings)
+    )
+
+
+def test_empty_exit_string_empty_spans_and_empty_prompt() -> None:
+    model = MODELS["qwen2-eager"]()
+    rng = random.Random(3)
+    completion = _ids(rng, 20)
+    traces = [
+        # Empty prompt: cut 0 has no prefix token and is rejected, cuts >= 1 work.
+        TraceExits([], completion, [1, 5, 20], [(_ids(rng, 4), _ids(rng, 2))]),
+        # Empty solution span: log p(u|s) is exactly 0.
+        TraceExits(_ids(rng, 5), completion, [0, 20], [([], _ids(rng, 2))]),
+    ]
+    strings = ExitStrings([], [], [])
+    single = score_traces_single_pass(model, traces, strings)
+    _assert_same(single, score_traces_naive(model, traces, strings))
+    assert torch.equal(single[1].log_p_solution, torch.zeros(2, 1))
+    with pytest.raises(ValueError, match="empty"):
+        score_traces_single_pass(model, [TraceExits([], completion, [0], [([1], [2])])], strings)
+    with pytest.raises(ValueError, match="outside"):
+        score_traces_single_pass(model, [TraceExits([1], completion, [21], [([1], [2])])], strings)
+
+
+def test_cuts_chosen_from_the_trace_pass_entropies() -> None:
+    model = MODELS["qwen2-sdpa"]()
+    traces = [TraceExits(t.prompt_ids, t.completion_ids, None, t.pairs) for t in _random_traces(5)]
+    seen: dict[int, torch.Tensor] = {}
+
+    def cuts_for(i: int, entropies: torch.Tensor) -> list[int]:
+        seen[i] = entropies
+        # Cut before the three most uncertain tokens, plus 0 and the end.
+        top = entropies.topk(min(3, entropies.numel())).indices.tolist()
+        return sorted({0, len(traces[i].completion_ids), *top})
+
+    single = score_traces_single_pass(model, traces, _strings(5), cuts_for=cuts_for)
+    naive = score_traces_naive(model, traces, _strings(5), cuts_for=cuts_for)
+    _assert_same(single, naive)
+    reference = completion_entropies(model, [(t.prompt_ids, t.completion_ids) for t in traces])
+    for i, trace in enumerate(traces):
+        assert seen[i].shape == (len(trace.completion_ids),)
+        torch.testing.assert_close(seen[i], reference[i], atol=1e-4, rtol=0)
+        assert (seen[i] >= 0).all() and (seen[i] <= torch.log2(torch.tensor(float(VOCAB))) + 1e-4).all()
+    with pytest.raises(ValueError, match="cuts_for"):
+        score_traces_single_pass(model, traces, _strings(5))
+
+
+def test_model_mode_untouched_and_flash_attention_refused() -> None:
+    model = MODELS["qwen2-sdpa"]()
+    model.train()
+    traces = _random_traces(1, n_traces=1)
+    score_traces_single_pass(model, traces, _strings(1))
+    assert model.training
+    model.config._attn_implementation = "flash_attention_2"
+    assert not supports_single_pass(model)
+    with pytest.raises(ValueError, match="eager"):
+        score_traces_single_pass(model, traces, _strings(1))
