@@ -10,7 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rredcot.credit import (
+    CREDIT_METHODS,
     LOG_VALUE_FLOOR,
+    credit_multiplier,
+    entropy_multiplier,
+    exit_log_values,
     pr_log_value,
     pr_value,
     segment_rewards,
@@ -243,3 +247,89 @@ def test_token_entropies_bf16() -> None:
     out = token_entropies(logits.bfloat16())
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, token_entropies(logits), atol=0.05, rtol=0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Every credit method
+# --------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def _method_inputs(draw: st.DrawFn) -> dict:
+    """A random unpadded trace with segments, segment rewards, entropies, advantage and mix."""
+    lengths = draw(st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=8))
+    n = sum(lengths)
+    ids = torch.tensor([k for k, m in enumerate(lengths) for _ in range(m)], dtype=torch.long)
+    reward = st.one_of(st.floats(min_value=-30.0, max_value=30.0), st.just(0.0), st.sampled_from([1e4, -1e4]))
+    rewards = torch.tensor(draw(st.lists(reward, min_size=len(lengths), max_size=len(lengths))))
+    entropy = st.one_of(st.just(0.0), st.floats(min_value=0.0, max_value=17.0), st.just(1e-12))
+    entropies = torch.tensor(draw(st.lists(entropy, min_size=n, max_size=n)))
+    advantage = draw(st.sampled_from([1.0, -1.0, 0.0])) * draw(st.floats(min_value=1e-3, max_value=5.0))
+    mix = draw(st.one_of(st.floats(min_value=0.0, max_value=1.0), st.sampled_from([0.0, 1.0])))
+    return {
+        "n": n,
+        "ids": ids,
+        "rewards": rewards,
+        "entropies": entropies,
+        "advantage": advantage,
+        "mix": mix,
+    }
+
+
+@FAST
+@given(_method_inputs(), st.sampled_from(CREDIT_METHODS))
+def test_every_credit_method_gives_a_distribution(x: dict, method: str) -> None:
+    mult = credit_multiplier(method, x["n"], x["advantage"], x["mix"], x["ids"], x["rewards"], x["entropies"])
+    sigma = mult.double() / x["n"]
+    assert mult.shape == (x["n"],) and mult.dtype == torch.float32
+    assert torch.isfinite(sigma).all() and (sigma >= 0).all()
+    assert float(sigma.sum()) == pytest.approx(1.0, abs=1e-5)
+    if method == "uniform" or x["mix"] == 0.0:
+        assert torch.equal(mult, torch.ones(x["n"]))
+
+
+def test_entropy_weighting_follows_entropy() -> None:
+    h = torch.tensor([0.0, 1.0, 3.0, 0.0])
+    mult = entropy_multiplier(h, mix=1.0)
+    torch.testing.assert_close(mult, torch.tensor([0.0, 1.0, 3.0, 0.0]))  # σ = H/ΣH, times |o| = 4
+    half = entropy_multiplier(h, mix=0.5)
+    torch.testing.assert_close(half, 0.5 + 0.5 * mult)
+    assert torch.equal(entropy_multiplier(torch.zeros(3), 1.0), torch.ones(3))  # nothing to weight by
+    # The sign of the advantage does not matter for entropy weighting.
+    ids, rewards = torch.zeros(4, dtype=torch.long), torch.zeros(1)
+    pos = credit_multiplier("entropy", 4, 1.0, 1.0, ids, rewards, h)
+    assert torch.equal(pos, credit_multiplier("entropy", 4, -1.0, 1.0, ids, rewards, h))
+
+
+def test_rredcot_entropy_spreads_segment_share_by_entropy() -> None:
+    ids = torch.tensor([0, 0, 1, 1])
+    rewards = torch.tensor([-2.0, 0.5])  # a correct trace: the second segment earned the credit
+    h = torch.tensor([1.0, 1.0, 3.0, 1.0])
+    plain = credit_multiplier("rredcot", 4, 1.0, 1.0, ids, rewards, h)
+    weighted = credit_multiplier("rredcot+entropy", 4, 1.0, 1.0, ids, rewards, h)
+    torch.testing.assert_close(plain, torch.tensor([0.0, 0.0, 2.0, 2.0]))
+    torch.testing.assert_close(weighted, torch.tensor([0.0, 0.0, 3.0, 1.0]))
+
+
+def test_credit_methods_reject_missing_inputs() -> None:
+    with pytest.raises(ValueError, match="unknown credit method"):
+        credit_multiplier("magic", 3, 1.0)
+    with pytest.raises(ValueError, match="entropies"):
+        credit_multiplier("entropy", 3, 1.0)
+    with pytest.raises(ValueError, match="segment"):
+        credit_multiplier("rredcot", 3, 1.0, entropies=torch.ones(3))
+    with pytest.raises(ValueError, match="entropies"):
+        credit_multiplier("rredcot+entropy", 2, 1.0, 0.5, torch.tensor([0, 0]), torch.zeros(1))
+    with pytest.raises(ValueError, match="2 entropies for 3 tokens"):
+        credit_multiplier("entropy", 3, 1.0, entropies=torch.ones(2))
+
+
+def test_exit_log_values_uniform_proposal_and_utilities() -> None:
+    # Two pairs, uniform q = 1/2: v = (1/N) Σ p/q = Σ p, the worked example's numbers.
+    lps = torch.tensor([[0.5, 0.4]]).log()
+    lpa = torch.tensor([[0.6, 0.2]]).log()
+    v = exit_log_values(lps, lpa, utility=torch.tensor([1.0, 0.0])).exp()
+    assert float(v) == pytest.approx(0.3)
+    assert float(exit_log_values(lps, lpa).exp()) == pytest.approx(0.3 + 0.08)
+    with pytest.raises(ValueError, match="shape"):
+        exit_log_values(torch.zeros(3), torch.zeros(3))

@@ -206,6 +206,6 @@ def test_group_pairs_reference_value_model_and_views(setup):
 
 def test_final_solution_extraction(setup):
     trainer, _ = _credit_batch(setup, "rredcot")
-    assert trainer._final_solution("a\n</think>\n1+2=3. \\boxed{3}") == ("1+2=3.", "3")
-    assert trainer._final_solution("no exit \\boxed{3}") is None
-    assert trainer._final_solution("x</think>\nno box") is None
+    assert trainer.assigner.final_solution("a\n</think>\n1+2=3. \\boxed{3}") == ("1+2=3.", "3")
+    assert trainer.assigner.final_solution("no exit \\boxed{3}") is None
+    assert trainer.assigner.final_solution("x</think>\nno box") is None

@@ -44,9 +44,8 @@ def test_smoke_workflow(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     table = pl.read_csv(results / "table1.csv")
-    assert {"benchmark", "metric", "base_sft_mean", "grpo_mean", "rredcot_mean", "grpo_seeds"} <= set(
-        table.columns
-    )
+    labels = ["grpo", "rredcot", "entropy", "rredcot+entropy", "bnpo", "dr.grpo", "dapo"]
+    assert {"benchmark", "metric", "base_sft_mean", *(f"{a}_mean" for a in labels)} <= set(table.columns)
     assert set(table["grpo_seeds"].to_list()) == {2}
     assert "all" in table["benchmark"].to_list()
     assert (results / "figures" / "learning_curve.png").stat().st_size > 5000
@@ -64,27 +63,42 @@ def test_smoke_workflow(tmp_path):
         assert (results / "logs" / f"{log}.log").exists()
     assert (results / "benchmarks" / "sft.tsv").exists()
 
-    # One MLflow run per job (1 data + 1 clean + 1 sft + 2x2 train + 3x2 eval + 1 report), grouped.
+    # One MLflow run per job (1 data + 1 clean + 1 sft + 7x2 train + 8x2 eval + 1 report), grouped.
     client = MlflowClient(tracking_uri=f"sqlite:///{results}/mlflow.db")
     exp = client.get_experiment_by_name("rredcot-smoke")
     runs = client.search_runs([exp.experiment_id], max_results=500)
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     parents = {r.data.tags["mlflow.parentRunId"] for r in children}
-    assert len(children) == 14 and len(parents) == 1
+    assert len(children) == 34 and len(parents) == 1
     assert all(r.info.status == "FINISHED" for r in children)
     train = [r for r in children if r.data.tags.get("rredcot.rule") == "train"]
+    arms = ["bnpo", "dapo", "dr_grpo", "entropy", "grpo", "rredcot", "rredcot_entropy"]
     assert sorted((r.data.tags["rredcot.arm"], r.data.tags["rredcot.seed"]) for r in train) == [
-        ("grpo", "0"),
-        ("grpo", "1"),
-        ("rredcot", "0"),
-        ("rredcot", "1"),
+        (arm, seed) for arm in arms for seed in ("0", "1")
     ]
+    # Which arm is which: credit method and loss type are tags of every train run.
+    kinds = {
+        r.data.tags["rredcot.arm"]: (r.data.tags["rredcot.credit_method"], r.data.tags["rredcot.loss_type"])
+        for r in train
+    }
+    assert kinds["rredcot_entropy"] == ("rredcot+entropy", "grpo") and kinds["dr_grpo"] == (
+        "uniform",
+        "dr_grpo",
+    )
     for run in train:
         history = client.get_metric_history(run.info.run_id, "heldout_sampled_accuracy")
         assert [m.step for m in history] == [0, 1, 2]
         assert client.list_artifacts(run.info.run_id)
     rred = next(r for r in train if r.data.tags["rredcot.arm"] == "rredcot")
     assert "credit/traces" in rred.data.metrics  # logged every step, also when no trace needs credit
+    assert "perf/step_seconds" in rred.data.metrics
+    # Credit pictures of the first step, on disk and in MLflow (when a trace needed credit).
+    views = sorted((results / "train").glob("rredcot*/seed*/credit/step00000/trace_0.png"))
+    if views:
+        assert (views[0].parent / "traces.jsonl").exists() and (views[0].parent / "trace_0.html").exists()
+        owner = views[0].parents[3].name, views[0].parents[2].name.removeprefix("seed")
+        run = next(r for r in train if (r.data.tags["rredcot.arm"], r.data.tags["rredcot.seed"]) == owner)
+        assert [a.path for a in client.list_artifacts(run.info.run_id, "credit")] == ["credit/step00000"]
 
     # A second invocation has nothing to do: outputs are complete and up to date.
     again = _run(["--cores", "2", "all", "-n"], results)

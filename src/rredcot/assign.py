@@ -1,0 +1,260 @@
+"""From a batch of traces to token coefficients σ: the credit pipeline shared by the trainer and the CLI.
+
+``CreditAssigner.assign`` takes traces as token ids (prompt, completion), their advantage and their
+reference pairs as text, and returns one :class:`TraceCredit` per trace: σ·|o| plus everything it came
+from (segments, exit points, values, thought and answer NLLs, entropies). It knows nothing of TRL:
+``RREDCoTTrainer`` feeds it the generation batch, ``rredcot credit-view`` feeds it a trace file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rredcot import credit as C
+from rredcot import segmentation as S
+from rredcot.exit_scoring import (
+    ExitStrings,
+    TraceExits,
+    TraceScores,
+    completion_entropies,
+    score_traces_naive,
+)
+from rredcot.prefix_scoring import ScoringBudget, score_traces_single_pass
+
+
+@dataclass
+class CreditConfig:
+    """How the sequence advantage is spread over a completion's tokens."""
+
+    method: str = "rredcot"
+    """One of ``credit.CREDIT_METHODS``: ``uniform``, ``rredcot``, ``entropy``, ``rredcot+entropy``."""
+    mix: float = 0.5
+    """σ = (1-mix)/|o| + mix · (method's share); 0 gives uniform credit."""
+    segmentation: S.SegmentationConfig = field(default_factory=S.SegmentationConfig)
+    """Keyword/newline pieces, target number of segments, minimum length, homogenize."""
+    exit_string: str = "</think>\n"
+    """Text that closes the thinking block at an exit point."""
+    answer_prefix: str = " \\boxed{"
+    """Text between a reference solution and its answer."""
+    answer_suffix: str = "}"
+    """Text after the reference answer."""
+    group_pairs: bool = False
+    """Add the final solutions of the correct completions of the same group as reference pairs."""
+    proposal: str = "uniform"
+    """``uniform`` (q_i = 1/N) or ``given``: the dataset pair's log q from the ``reference_log_q`` column."""
+    value_model: str = "policy"
+    """``policy`` (the model that generated the batch) or ``reference`` (a frozen copy of the start)."""
+    scorer: str = "single_pass"
+    """``single_pass`` (shared prefix, tree mask) or ``naive`` (one sequence per exit point)."""
+    budget: ScoringBudget = field(default_factory=ScoringBudget)
+    """Memory bounds of the scoring passes."""
+    view_every: int = 0
+    """Keep credit records of a few traces every this many steps for inspection (0: never)."""
+    view_samples: int = 2
+    """Traces per kept step: the first with a positive and the first with a negative advantage, ..."""
+
+    def __post_init__(self) -> None:
+        C._check_method(self.method)
+        choices = {
+            "proposal": ("uniform", "given"),
+            "value_model": ("policy", "reference"),
+            "scorer": ("single_pass", "naive"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.proposal == "given" and self.group_pairs:
+            raise ValueError("proposal 'given' covers the dataset pair only; turn group_pairs off")
+        if not 0.0 <= self.mix <= 1.0:
+            raise ValueError(f"mix must lie in [0, 1], got {self.mix}")
+
+
+@dataclass
+class TraceCredit:
+    """Credit computed for one completion (kept for logging and inspection)."""
+
+    multiplier: torch.Tensor  # σ·|o| over the completion's tokens
+    segment_starts: list[int] = field(default_factory=list)
+    cuts: list[int] = field(default_factory=list)
+    log_values: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    log_p_solution: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [n_cuts, N]
+    log_p_answer: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    entropies: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+
+
+@dataclass
+class TraceInput:
+    """One trace to assign credit to."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    advantage: float
+    pairs: list[tuple[str, str]]  # reference (solution, answer) texts; the dataset pair first
+    log_q: torch.Tensor | None = None  # [N] log proposal probabilities (None: uniform)
+    utility: torch.Tensor | None = None  # [N] utilities (None: all 1)
+
+
+class CreditAssigner:
+    """Computes σ for batches of traces with a tokenizer and a :class:`CreditConfig`."""
+
+    def __init__(self, tokenizer: Any, config: CreditConfig) -> None:
+        self.tok = tokenizer
+        self.cfg = config
+        self._token_text: dict[int, str] = {}
+        self._encoded: dict[str, list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        if text not in self._encoded:
+            self._encoded[text] = self.tok(text, add_special_tokens=False)["input_ids"]
+        return self._encoded[text]
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Decoded text of each token (cached per id: decoding one by one is slow)."""
+        missing = [t for t in set(ids) if t not in self._token_text]
+        if missing:
+            texts = self.tok.batch_decode([[t] for t in missing])
+            self._token_text.update(zip(missing, texts, strict=True))
+        return [self._token_text[t] for t in ids]
+
+    def strings(self) -> ExitStrings:
+        c = self.cfg
+        return ExitStrings(
+            self.encode(c.exit_string), self.encode(c.answer_prefix), self.encode(c.answer_suffix)
+        )
+
+    def final_solution(self, text: str) -> tuple[str, str] | None:
+        """(solution, answer) written after the last exit string of a completion, if well formed."""
+        c = self.cfg
+        at = text.rfind(c.exit_string)
+        if at < 0:
+            return None
+        rest = text[at + len(c.exit_string) :]
+        a = rest.rfind(c.answer_prefix)
+        b = rest.rfind(c.answer_suffix) if c.answer_suffix else len(rest)
+        if a < 0 or b < a + len(c.answer_prefix):
+            return None
+        return rest[:a], rest[a + len(c.answer_prefix) : b]
+
+    # -- the pipeline ----------------------------------------------------------------------------
+    def assign(
+        self, policy: torch.nn.Module, items: list[TraceInput], value_model: torch.nn.Module | None = None
+    ) -> list[TraceCredit]:
+        """σ for every trace. ``policy`` supplies entropies; ``value_model`` (default: the policy) scores.
+
+        Models are used as given (the caller puts them in eval mode); nothing needs gradients.
+        """
+        cfg, budget = self.cfg, self.cfg.budget
+        if not items:
+            return []
+        if cfg.method == "uniform":
+            return [TraceCredit(torch.ones(len(t.completion_ids)), _one_segment(t)) for t in items]
+        pairs_of = [(t.prompt_ids, t.completion_ids) for t in items]
+        if not C.needs_exit_values(cfg.method):  # entropy weighting: one forward pass, no scoring
+            ents = completion_entropies(policy, pairs_of, budget.max_batch_tokens)
+            return [
+                TraceCredit(
+                    C.credit_multiplier(cfg.method, len(t.completion_ids), t.advantage, cfg.mix, entropies=h),
+                    _one_segment(t),
+                    entropies=h,
+                )
+                for t, h in zip(items, ents, strict=True)
+            ]
+
+        eos = self.tok.eos_token_id
+        starts: dict[int, list[int]] = {}
+
+        def cuts_for(j: int, entropies: torch.Tensor) -> list[int]:
+            completion = items[j].completion_ids
+            found = S.segment_trace(self.token_texts(completion), entropies.tolist(), cfg.segmentation)
+            # The final exit follows the whole trace but not its EOS: nothing is read after EOS, and
+            # a segment never starts at the EOS (it joins the last segment), so cuts stay increasing.
+            scored = len(completion) - 1 if completion and completion[-1] == eos else len(completion)
+            starts[j] = [s for s in found if s < scored] or [0]
+            return [min(c, scored) for c in S.exit_cuts(starts[j], len(completion))]
+
+        specs = [
+            TraceExits(
+                t.prompt_ids,
+                t.completion_ids,
+                None,
+                [(self.encode(u) if u else [], self.encode(y)) for u, y in t.pairs],
+            )
+            for t in items
+        ]
+        value_model = value_model if value_model is not None else policy
+        ents = None
+        if value_model is not policy:
+            # Segment by the policy's entropies, score with the frozen value model.
+            ents = completion_entropies(policy, pairs_of, budget.max_batch_tokens)
+            specs = [
+                TraceExits(s.prompt_ids, s.completion_ids, cuts_for(j, ents[j]), s.pairs)
+                for j, s in enumerate(specs)
+            ]
+        if cfg.scorer == "single_pass":
+            scores = score_traces_single_pass(value_model, specs, self.strings(), budget, cuts_for)
+        else:
+            scores = score_traces_naive(value_model, specs, self.strings(), budget.max_batch_tokens, cuts_for)
+        if ents is not None:
+            scores = [
+                TraceScores(sc.cuts, sc.log_p_solution, sc.log_p_answer, ents[j])
+                for j, sc in enumerate(scores)
+            ]
+        return [self._trace_credit(items[j], starts[j], sc) for j, sc in enumerate(scores)]
+
+    def _trace_credit(self, item: TraceInput, starts: list[int], scores: TraceScores) -> TraceCredit:
+        n = len(item.completion_ids)
+        log_v = C.exit_log_values(scores.log_p_solution, scores.log_p_answer, item.log_q, item.utility)
+        rewards = C.segment_rewards(log_v)
+        ids = S.segment_ids_from_starts(starts, n)
+        ents = scores.entropies if self.cfg.method == "rredcot+entropy" else None
+        mult = C.credit_multiplier(self.cfg.method, n, item.advantage, self.cfg.mix, ids, rewards, ents)
+        return TraceCredit(
+            mult, starts, scores.cuts, log_v, scores.log_p_solution, scores.log_p_answer, scores.entropies
+        )
+
+
+def _one_segment(item: TraceInput) -> list[int]:
+    """Segment starts of a method without segments: the whole trace is one segment."""
+    return [0] if item.completion_ids else []
+
+
+def credit_record(
+    tokens: list[str],
+    credit: TraceCredit,
+    method: str,
+    step: int | None,
+    trace_id: str,
+    prompt: str,
+    answer: str,
+    advantage: float,
+    reward: float | None = None,
+) -> dict[str, Any]:
+    """A JSON-ready description of one trace's credit (the input of ``rredcot.credit_view``)."""
+
+    def finite(x: torch.Tensor) -> list[float | None]:
+        return [float(v) if math.isfinite(float(v)) else None for v in x.flatten().tolist()]
+
+    n = len(tokens)
+    sigma = (credit.multiplier[:n].double() / max(n, 1)).tolist()
+    first = (lambda t: -t[:, 0]) if credit.log_p_solution.dim() == 2 else (lambda t: t)
+    return {
+        "trace_id": trace_id,
+        "step": step,
+        "method": method,
+        "prompt": prompt,
+        "answer": answer,
+        "reward": reward if reward is not None else float(advantage > 0),
+        "advantage": advantage,
+        "tokens": tokens,
+        "sigma": sigma,
+        "segment_starts": list(credit.segment_starts),
+        "cuts": list(credit.cuts),
+        "log_values": finite(credit.log_values),
+        "thought_nll": finite(first(credit.log_p_solution)) if credit.log_p_solution.numel() else [],
+        "answer_nll": finite(first(credit.log_p_answer)) if credit.log_p_answer.numel() else [],
+        "entropies": [float(h) for h in credit.entropies.tolist()],
+    }
