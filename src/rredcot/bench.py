@@ -11,7 +11,7 @@ On one batch of traces it times
 
 and reports each as a ratio to ``forward`` next to the token-count bound ``(L + K·A)/L`` (L tokens per
 trace, K exit points, A tokens per exit suffix). With ``--train-metrics`` it also summarises the
-training-step time per arm from a workflow run (``perf/step_seconds`` in each ``metrics.jsonl``).
+training-step time per arm from a workflow run (TRL's ``step_time`` in each ``metrics.jsonl``).
 
 CLI: ``rredcot bench --out results/bench/credit.json`` (see ``--help``). The model is randomly
 initialised unless ``--model`` names a checkpoint: timing does not depend on the weights, and MC
@@ -142,14 +142,16 @@ def mc_values(
 
 
 def train_step_summary(root: Path) -> dict[str, Any]:
-    """Median ``perf/step_seconds`` per arm over every seed's metrics.jsonl under ``root``."""
+    """Median training-step seconds per arm over every seed's metrics.jsonl under ``root``."""
     per_arm: dict[str, list[float]] = {}
     for path in sorted(root.glob("*/seed*/metrics.jsonl")):
         arm = path.parent.parent.name
         for line in path.read_text().splitlines():
             row = json.loads(line)
-            if "perf/step_seconds" in row:
-                per_arm.setdefault(arm, []).append(float(row["perf/step_seconds"]))
+            # TRL's own step timer (generation, credit, loss, update; probes excluded).
+            seconds = row.get("step_time", row.get("perf/step_seconds"))
+            if seconds is not None:
+                per_arm.setdefault(arm, []).append(float(seconds))
     summary: dict[str, Any] = {
         arm: {"median_step_seconds": statistics.median(v), "steps": len(v)} for arm, v in per_arm.items() if v
     }
@@ -158,6 +160,51 @@ def train_step_summary(root: Path) -> dict[str, Any]:
         for arm in summary:
             summary[arm]["ratio_to_grpo"] = summary[arm]["median_step_seconds"] / base
     return summary
+
+
+def train_step_ab(config: list[str], sft: str, data: str, arms: list[str], steps: int) -> dict[str, Any]:
+    """Median training-step time of each arm, run one after the other from the same SFT model and seed.
+
+    A controlled A/B: same process, same threads, no other job competing, and (the seed being equal)
+    the same prompts; the first step even samples the same completions in every arm.
+    """
+    from datasets import Dataset
+
+    from rredcot.config import load_config
+    from rredcot.data import correctness_reward, rl_records
+    from rredcot.jsonl import read_jsonl
+    from rredcot.modeling import load_tokenizer
+    from rredcot.train import credit_config, grpo_args
+    from rredcot.trainer import RREDCoTTrainer
+
+    cfg = load_config(config, {"rl": {"max_steps": steps}, "credit": {"view_every": 0}})
+    tok = load_tokenizer(sft)
+    dataset = Dataset.from_list(rl_records(read_jsonl(data), cfg["prompt"]["template"]))
+    out: dict[str, Any] = {}
+    for arm in arms:
+        torch.manual_seed(0)
+        trainer = RREDCoTTrainer(
+            model=load_model(sft),
+            reward_funcs=[correctness_reward],
+            args=grpo_args(cfg, arm, 0, f"/tmp/rredcot-bench-{arm}"),
+            train_dataset=dataset,
+            processing_class=tok,
+            credit=credit_config(cfg, arm),
+        )
+        trainer.args.disable_tqdm = True
+        trainer.train()
+        times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
+        credit = [h["credit/seconds"] for h in trainer.state.log_history if "credit/seconds" in h]
+        out[arm] = {
+            "median_step_seconds": statistics.median(times[1:] or times),  # the first step warms up
+            "steps": len(times),
+            "median_credit_seconds": statistics.median(credit) if credit else 0.0,
+        }
+        print(f"[bench] train step {arm}: {out[arm]}", flush=True)
+    base = out[arms[0]]["median_step_seconds"]
+    for arm in arms:
+        out[arm]["ratio_to_" + arms[0]] = out[arm]["median_step_seconds"] / base
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -254,7 +301,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "max_abs_logprob_diff_single_vs_naive": diff,
     }
     if args.train_metrics and Path(args.train_metrics).is_dir():
-        report["train_step"] = train_step_summary(Path(args.train_metrics))
+        report["train_step_workflow"] = train_step_summary(Path(args.train_metrics))
+    if args.train_steps > 0:
+        if not Path(args.sft).is_dir():
+            raise SystemExit(f"--train-steps needs the SFT model at {args.sft} (run the workflow first)")
+        set_threads(args.train_threads)
+        report["train_step_ab"] = train_step_ab(
+            args.config, args.sft, args.rl_data, args.arms, args.train_steps
+        )
     return report
 
 
@@ -278,12 +332,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--max-batch-tokens", type=int, default=32768)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--train-metrics", default="results/train", help="workflow train folder to summarise")
+    ap.add_argument("--train-steps", type=int, default=0, help="also time N training steps per arm (A/B)")
+    ap.add_argument("--config", nargs="+", default=["config/config.yaml"], help="config for --train-steps")
+    ap.add_argument("--sft", default="results/models/sft", help="SFT model for --train-steps")
+    ap.add_argument("--rl-data", default="results/data/rl.clean.jsonl", help="RL split for --train-steps")
+    ap.add_argument("--arms", nargs="+", default=["grpo", "rredcot", "entropy", "rredcot_entropy"])
+    ap.add_argument(
+        "--train-threads", type=int, default=1, help="threads for --train-steps (as in the workflow)"
+    )
     args = ap.parse_args(argv)
     report = run(args)
     write_json(Path(args.out), report)
     print(json.dumps(report["ratios"], indent=2))
-    if "train_step" in report:
-        print(json.dumps(report["train_step"], indent=2))
+    for key in ("train_step_workflow", "train_step_ab"):
+        if key in report:
+            print(key, json.dumps(report[key], indent=2))
     print(f"[bench] wrote {args.out}")
 
 
