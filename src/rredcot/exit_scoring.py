@@ -243,7 +243,6 @@ def completion_entropies(
 
     device = model_device(model)
     out: list[Tensor] = [torch.zeros(0)] * len(traces)
-    order = list(range(len(traces)))
     seqs = [[*prompt, *completion] for prompt, completion in traces]
     width_of = [len(s) for s in seqs]
     chunk: list[int] = []
@@ -268,7 +267,7 @@ def completion_entropies(
                 out[i] = token_entropies(logits[b, p - 1 : p + n - 1]).cpu()
 
     with torch.inference_mode():
-        for i in order:
+        for i in range(len(traces)):
             if chunk and (len(chunk) + 1) * max(width_of[j] for j in [*chunk, i]) > max_batch_tokens:
                 flush(chunk)
                 chunk = []
@@ -296,7 +295,7 @@ def score_traces_naive(
     jobs: list[_Job] = []
     bounds = []
     for i, t in enumerate(traces):
-        cuts = t.cuts if t.cuts is not None else None
+        cuts = t.cuts
         if cuts is None:
             if cuts_for is None:
                 raise ValueError(f"trace {i} has no cuts and no cuts_for was given")
