@@ -460,3 +460,15 @@ def test_config_keywords_become_a_tuple() -> None:
 def test_config_validation_names_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         SegmentationConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_thinking_end_finds_the_token_that_starts_the_exit():
+    from rredcot.segmentation import thinking_end
+
+    texts = ["So", " 2", ".\n</", "think", ">", "\n", "2"]
+    assert thinking_end(texts, "</think>\n") == 2  # the token holding "<" of "</think>"
+    assert thinking_end(["</think>", "\n", "x"], "\n</think>\n\n") == 0  # whitespace is stripped
+    assert thinking_end(["a", "</think>", "b", "</think>"], "</think>") == 1  # the first exit counts
+    assert thinking_end(["no", " exit"], "</think>") is None
+    with pytest.raises(ValueError, match="empty"):
+        thinking_end(["a"], " \n")

@@ -9,9 +9,11 @@ import torch
 from datasets import Dataset
 from trl import GRPOTrainer
 
+from rredcot.assign import CreditAssigner, TraceInput
 from rredcot.config import load_config
 from rredcot.data import correctness_reward, rl_records
 from rredcot.modeling import build_scratch_model, train_tokenizer
+from rredcot.segmentation import thinking_end
 from rredcot.synthetic import TaskConfig, generate_splits
 from rredcot.train import credit_config, grpo_args
 from rredcot.trainer import CreditConfig, RREDCoTTrainer
@@ -199,7 +201,8 @@ def test_group_pairs_reference_value_model_and_views(setup):
     for v in views:
         n = len(v["tokens"])
         assert len(v["sigma"]) == n and abs(sum(v["sigma"]) - 1.0) < 1e-5
-        assert v["cuts"][0] == 0 and len(v["cuts"]) == len(v["segment_starts"]) + 1
+        # K thinking segments have K+1 exits; an answer segment after the model's own exit adds none.
+        assert v["cuts"][0] == 0 and len(v["cuts"]) - len(v["segment_starts"]) in (0, 1)
         assert len(v["log_values"]) == len(v["cuts"]) == len(v["thought_nll"]) == len(v["answer_nll"])
         assert len(v["entropies"]) == n and v["method"] == "rredcot"
 
@@ -209,3 +212,50 @@ def test_final_solution_extraction(setup):
     assert trainer.assigner.final_solution("a\n</think>\n1+2=3. \\boxed{3}") == ("1+2=3.", "3")
     assert trainer.assigner.final_solution("no exit \\boxed{3}") is None
     assert trainer.assigner.final_solution("x</think>\nno box") is None
+
+
+WRONG_TRACE = "First, 9 * 2 = 8.\nFinally, 8 + 6 = 5.\n</think>\n9 * 2 = 8, 8 + 6 = 5. \\boxed{5}"
+
+
+def _assign(setup, completion: str, advantage: float = -1.0, **options):
+    cfg, tok, model, _, _ = setup
+    credit = credit_config(cfg, "rredcot")
+    for key, value in options.items():
+        setattr(credit, key, value)
+    assigner = CreditAssigner(tok, credit)
+    prompt = assigner.encode("Problem: Start at 9, times 2, add 6. Work mod 10.\n<think>\n")
+    ids = assigner.encode(completion) + [tok.eos_token_id]
+    item = TraceInput(prompt, ids, advantage, [("9 * 2 = 8, 8 + 6 = 4.", "4")])
+    model.eval()
+    (out,) = assigner.assign(model, [item])
+    return assigner, ids, out
+
+
+@pytest.mark.parametrize("scorer", ["single_pass", "naive"])
+def test_exit_points_stop_at_the_models_own_exit(setup, scorer):
+    assigner, ids, out = _assign(setup, WRONG_TRACE, scorer=scorer)
+    texts = assigner.token_texts(ids)
+    end = thinking_end(texts, "</think>\n")
+    assert end is not None and "".join(texts[end:]).startswith("</think>")
+    # Every exit lies in the thinking part, the last one exactly where the model exits ...
+    assert out.cuts[-1] == end and all(c <= end for c in out.cuts)
+    assert len(out.cuts) >= 2 and out.log_values.numel() == len(out.cuts)
+    # ... and the answer is one more segment that only gets the uniform share (r̂ = 0).
+    assert out.segment_starts[-1] == end and len(out.segment_starts) == len(out.cuts)
+    mix = assigner.cfg.mix
+    assert torch.allclose(out.multiplier[end:], torch.full((len(ids) - end,), 1 - mix))
+    assert torch.isclose(out.multiplier.sum(), torch.tensor(float(len(ids))), rtol=1e-5)
+    assert out.multiplier[:end].max() > 1.0  # the thinking part carries the redistributed blame
+
+
+def test_a_trace_that_exits_at_once_gets_uniform_credit(setup):
+    _, ids, out = _assign(setup, "</think>\n8 + 6 = 4. \\boxed{4}", advantage=1.0)
+    assert out.cuts == [0] and out.segment_starts == [0]
+    assert torch.equal(out.multiplier, torch.ones(len(ids)))
+
+
+def test_a_trace_without_an_exit_is_scored_to_its_end(setup):
+    assigner, ids, out = _assign(setup, "First, 9 * 2 = 8.\nFinally, 8 + 6 = 5.\n")
+    assert thinking_end(assigner.token_texts(ids), "</think>\n") is None
+    assert out.cuts[-1] == len(ids) - 1  # the trace without its EOS
+    assert len(out.cuts) == len(out.segment_starts) + 1

@@ -166,12 +166,22 @@ class CreditAssigner:
 
         eos = self.tok.eos_token_id
         starts: dict[int, list[int]] = {}
+        answer_at: dict[int, int | None] = {}
 
         def cuts_for(j: int, entropies: torch.Tensor) -> list[int]:
             completion = items[j].completion_ids
-            found = S.segment_trace(self.token_texts(completion), entropies.tolist(), cfg.segmentation)
-            # The final exit follows the whole trace but not its EOS: nothing is read after EOS, and
-            # a segment never starts at the EOS (it joins the last segment), so cuts stay increasing.
+            texts = self.token_texts(completion)
+            # Exit points lie in the thinking part only; the last one is where the model itself exits.
+            # The answer after it is one more segment, scored by nobody (r̂ = 0, see _trace_credit).
+            end = S.thinking_end(texts, cfg.exit_string)
+            answer_at[j] = end
+            if end is not None:
+                starts[j] = S.segment_trace(texts[:end], entropies[:end].tolist(), cfg.segmentation)
+                return S.exit_cuts(starts[j], end) if end > 0 else [0]
+            # No exit of its own (e.g. cut off at the length limit): the final exit follows the whole
+            # trace but not its EOS (nothing is read after EOS, and a segment never starts at the EOS:
+            # it joins the last segment), so cuts stay increasing.
+            found = S.segment_trace(texts, entropies.tolist(), cfg.segmentation)
             scored = len(completion) - 1 if completion and completion[-1] == eos else len(completion)
             starts[j] = [s for s in found if s < scored] or [0]
             return [min(c, scored) for c in S.exit_cuts(starts[j], len(completion))]
@@ -203,12 +213,19 @@ class CreditAssigner:
                 TraceScores(sc.cuts, sc.log_p_solution, sc.log_p_answer, ents[j])
                 for j, sc in enumerate(scores)
             ]
-        return [self._trace_credit(items[j], starts[j], sc) for j, sc in enumerate(scores)]
+        return [self._trace_credit(items[j], starts[j], answer_at[j], sc) for j, sc in enumerate(scores)]
 
-    def _trace_credit(self, item: TraceInput, starts: list[int], scores: TraceScores) -> TraceCredit:
+    def _trace_credit(
+        self, item: TraceInput, starts: list[int], answer_at: int | None, scores: TraceScores
+    ) -> TraceCredit:
         n = len(item.completion_ids)
         log_v = C.exit_log_values(scores.log_p_solution, scores.log_p_answer, item.log_q, item.utility)
         rewards = C.segment_rewards(log_v)
+        if answer_at is not None and answer_at < n:
+            # The answer segment: its value change is not estimated (the reference pairs describe the
+            # state at the exit, not the model's own answer), so it only gets the uniform share.
+            starts = [*starts, answer_at]
+            rewards = torch.cat([rewards, rewards.new_zeros(1)])
         ids = S.segment_ids_from_starts(starts, n)
         ents = scores.entropies if self.cfg.method == "rredcot+entropy" else None
         mult = C.credit_multiplier(self.cfg.method, n, item.advantage, self.cfg.mix, ids, rewards, ents)

@@ -225,16 +225,21 @@ def _segment_of(record: Mapping[str, Any]) -> list[int]:
 
 
 def _segments(record: Mapping[str, Any]) -> list[_Segment]:
-    """Segments with their credit share; Δ log v̂ only where cut k and k+1 bound segment k."""
+    """Segments with their credit share; Δ log v̂ only where cuts k and k+1 bound segment k.
+
+    Cuts sit at the segment starts, plus one at the end of the thinking part: the trace's end (before
+    its EOS) or, when the model exits on its own, the start of the answer segment, which has no Δ.
+    """
     n = len(record["tokens"])
     starts = list(record["segment_starts"])
     bounds = starts + [n]
-    aligned = list(record["cuts"]) == bounds
+    cuts = list(record["cuts"])
+    aligned = cuts[: len(starts)] == starts[: len(cuts)]
     lv = record["log_values"]
     out = []
     for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
         delta = None
-        if aligned and lv[k] is not None and lv[k + 1] is not None:
+        if aligned and k + 1 < len(cuts) and lv[k] is not None and lv[k + 1] is not None:
             delta = float(lv[k + 1]) - float(lv[k])
         out.append(_Segment(k, a, b, math.fsum(record["sigma"][a:b]), (b - a) / n, delta))
     return out

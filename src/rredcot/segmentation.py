@@ -429,6 +429,24 @@ def exit_cuts(segment_starts: Sequence[int], n_tokens: int) -> list[int]:
     return [int(s) for s in segment_starts] + [n_tokens]
 
 
+def thinking_end(token_texts: Sequence[str], exit_string: str) -> int | None:
+    """Index of the token where the model's own exit string begins, or None if it never exits.
+
+    The first occurrence of ``exit_string`` (surrounding whitespace stripped, so ``"\n</think>\n\n"``
+    also finds a bare ``</think>``) in the concatenated token texts is looked up, and the token that
+    holds its first character is returned: the thinking part is ``tokens[:e]``, the answer ``tokens[e:]``.
+    """
+    needle = exit_string.strip()
+    if not needle:
+        raise ValueError("exit_string is empty after stripping whitespace")
+    text = "".join(token_texts)
+    at = text.find(needle)
+    if at < 0:
+        return None
+    ends = list(accumulate(len(t) for t in token_texts))
+    return next(i for i, end in enumerate(ends) if end > at)
+
+
 def segment_trace(
     token_texts: Sequence[str],
     token_entropies: Sequence[float] | Tensor,
