@@ -100,7 +100,9 @@ def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) 
         value_name="accuracy",
     ).to_pandas()
     sns.set_theme(style="whitegrid", context="paper")
-    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6), sharex=True)
+    order = [m for m in dict.fromkeys(arm_label(cfg, a) for a in cfg["arms"]) if m in set(long["method"])]
+    order += sorted(set(long["method"]) - set(order))
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.6), sharex=True)
     k, temp = cfg["eval"]["n_samples"], cfg["eval"]["temperature"]
     titles = {"greedy": "greedy decoding", "sampled": f"sampled (mean of {k} at T={temp})"}
     for ax, (decoding, title) in zip(axes, titles.items(), strict=True):
@@ -109,9 +111,11 @@ def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) 
             x="step",
             y="accuracy",
             hue="method",
+            hue_order=order,
             errorbar="sd",
             marker="o",
             ax=ax,
+            legend=ax is axes[0],
         )
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("RL step")
@@ -121,11 +125,15 @@ def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) 
         f"Learning curves: {n_probe} held-out problems, {n_seeds} seeds per method (band: mean +- sd)",
         fontsize=10,
     )
+    # One legend for both panels, outside them: with many arms an inside legend hides the curves.
+    handles, names = axes[0].get_legend_handles_labels()
+    axes[0].get_legend().remove()
+    fig.legend(handles, names, title="method", loc="center left", bbox_to_anchor=(0.99, 0.5), frameon=False)
     fig.tight_layout()
     out = Path(out)
     for target in (out, out.with_suffix(".pdf")):
         with atomic_path(target) as tmp:
-            fig.savefig(tmp, dpi=150)
+            fig.savefig(tmp, dpi=150, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -23,7 +23,8 @@ os.environ.setdefault(
 
 def _write_resolved_config():
     """Write the merged, validated config once; rewrite only when it changes (stable mtime)."""
-    text = yaml.safe_dump(config, sort_keys=True)
+    # Key order is kept: the order of the arms is the order of table columns and legends.
+    text = yaml.safe_dump(config, sort_keys=False)
     path = Path(PY_CONFIG)
     if path.exists() and path.read_text() == text:
         return
