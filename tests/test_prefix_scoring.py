@@ -65,7 +65,9 @@ def _random_traces(seed: int, n_traces: int = 4, n_pairs: int = 2) -> list[Trace
         inner = rng.sample(range(1, len(completion)), k=min(len(completion) - 1, rng.randrange(0, 8)))
         cuts = sorted({0, len(completion), *inner})
         pairs = [(_ids(rng, rng.randrange(0, 12)), _ids(rng, rng.randrange(1, 4))) for _ in range(n_pairs)]
-        traces.append(TraceExits(_ids(rng, rng.randrange(1, 15)), completion, cuts, pairs))
+        # Half the traces also score the first answer after their own solution, at any position.
+        own = rng.randrange(0, len(completion) + 1) if rng.random() < 0.5 else None
+        traces.append(TraceExits(_ids(rng, rng.randrange(1, 15)), completion, cuts, pairs, own))
     return traces
 
 
@@ -83,6 +85,11 @@ def _assert_same(single: list, naive: list) -> float:
             torch.testing.assert_close(x, y, atol=ATOL, rtol=0)
             worst = max(worst, float((x - y).abs().max()) if x.numel() else 0.0)
         torch.testing.assert_close(a.entropies, b.entropies, atol=1e-4, rtol=0)
+        assert (a.log_p_own_answer is None) == (b.log_p_own_answer is None)
+        if a.log_p_own_answer is not None:
+            torch.testing.assert_close(a.log_p_own_answer, b.log_p_own_answer, atol=ATOL, rtol=0)
+            assert float(a.log_p_own_answer) < 0
+            worst = max(worst, float((a.log_p_own_answer - b.log_p_own_answer).abs()))
     return worst
 
 

@@ -472,3 +472,16 @@ def test_thinking_end_finds_the_token_that_starts_the_exit():
     assert thinking_end(["no", " exit"], "</think>") is None
     with pytest.raises(ValueError, match="empty"):
         thinking_end(["a"], " \n")
+
+
+def test_find_text_first_last_and_from_a_start_token():
+    from rredcot.segmentation import find_text
+
+    texts = ["a", " \\", "boxed", "{1", "}", " \\", "boxed", "{2}"]
+    assert find_text(texts, "\\boxed{") == 1
+    assert find_text(texts, "\\boxed{", last=True) == 5
+    assert find_text(texts, "\\boxed{", start=2) == 5  # the search starts at token 2
+    assert find_text(texts, "{2}", start=7) == 7
+    assert find_text(texts, "\\boxed{", start=6) is None
+    with pytest.raises(ValueError):
+        find_text(texts, "")

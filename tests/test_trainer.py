@@ -13,7 +13,7 @@ from rredcot.assign import CreditAssigner, TraceInput
 from rredcot.config import load_config
 from rredcot.data import correctness_reward, rl_records
 from rredcot.modeling import build_scratch_model, train_tokenizer
-from rredcot.segmentation import thinking_end
+from rredcot.segmentation import find_text, thinking_end
 from rredcot.synthetic import TaskConfig, generate_splits
 from rredcot.train import credit_config, grpo_args
 from rredcot.trainer import CreditConfig, RREDCoTTrainer
@@ -240,22 +240,59 @@ def test_exit_points_stop_at_the_models_own_exit(setup, scorer):
     # Every exit lies in the thinking part, the last one exactly where the model exits ...
     assert out.cuts[-1] == end and all(c <= end for c in out.cuts)
     assert len(out.cuts) >= 2 and out.log_values.numel() == len(out.cuts)
-    # ... and the answer is one more segment that only gets the uniform share (r̂ = 0).
+    # ... and the answer is one more segment, rewarded by how well the model's own final solution
+    # leads to the reference answer compared with the reference solution at the same exit.
     assert out.segment_starts[-1] == end and len(out.segment_starts) == len(out.cuts)
-    mix = assigner.cfg.mix
-    assert torch.allclose(out.multiplier[end:], torch.full((len(ids) - end,), 1 - mix))
+    assert out.answer_reward is not None
     assert torch.isclose(out.multiplier.sum(), torch.tensor(float(len(ids))), rtol=1e-5)
-    assert out.multiplier[:end].max() > 1.0  # the thinking part carries the redistributed blame
+    # Its share follows from its reward like any other segment's: blame (advantage < 0) only when
+    # the reward is negative, and then it gets more than the uniform share.
+    mix = assigner.cfg.mix
+    answer = out.multiplier[end:]
+    assert torch.allclose(answer, answer[:1].expand_as(answer))
+    if out.answer_reward >= 0:
+        assert torch.allclose(answer, torch.full_like(answer, 1 - mix))
+    else:
+        assert float(answer[0]) > 1 - mix
+
+
+def test_answer_reward_is_own_minus_reference_answer_log_prob(setup):
+    """r̂ of the answer segment, recomputed from naive teacher forcing of the two sequences."""
+    from rredcot.exit_scoring import score_exit_points
+
+    cfg, tok, model, _, _ = setup
+    assigner, ids, out = _assign(setup, WRONG_TRACE, scorer="single_pass")
+    texts = assigner.token_texts(ids)
+    end = thinking_end(texts, "</think>\n")
+    box = assigner.encode(" \\boxed{")
+    own_cut = find_text(texts, "\\boxed{", start=end, last=True)
+    prompt = assigner.encode("Problem: Start at 9, times 2, add 6. Work mod 10.\n<think>\n")
+    answer, close = assigner.encode("4"), assigner.encode("}")
+    own = score_exit_points(model, prompt, ids, [own_cut], [], answer, [], box, close)
+    ref = score_exit_points(
+        model,
+        prompt,
+        ids,
+        [end],
+        assigner.encode("9 * 2 = 8, 8 + 6 = 4."),
+        answer,
+        assigner.encode("</think>\n"),
+        box,
+        close,
+    )
+    expected = float(own.log_p_answer[0] - ref.log_p_answer[0])
+    assert out.answer_reward == pytest.approx(expected, abs=1e-4)
 
 
 def test_a_trace_that_exits_at_once_gets_uniform_credit(setup):
     _, ids, out = _assign(setup, "</think>\n8 + 6 = 4. \\boxed{4}", advantage=1.0)
-    assert out.cuts == [0] and out.segment_starts == [0]
-    assert torch.equal(out.multiplier, torch.ones(len(ids)))
+    assert out.cuts == [0] and out.segment_starts == [0] and out.answer_reward is not None
+    assert torch.equal(out.multiplier, torch.ones(len(ids)))  # one segment: nothing to redistribute
 
 
 def test_a_trace_without_an_exit_is_scored_to_its_end(setup):
     assigner, ids, out = _assign(setup, "First, 9 * 2 = 8.\nFinally, 8 + 6 = 5.\n")
     assert thinking_end(assigner.token_texts(ids), "</think>\n") is None
     assert out.cuts[-1] == len(ids) - 1  # the trace without its EOS
+    assert out.answer_reward is None  # no answer segment
     assert len(out.cuts) == len(out.segment_starts) + 1

@@ -84,6 +84,7 @@ class TraceCredit:
     log_p_solution: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [n_cuts, N]
     log_p_answer: torch.Tensor = field(default_factory=lambda: torch.empty(0))
     entropies: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    answer_reward: float | None = None  # r̂ of the answer segment after the model's own exit
 
 
 @dataclass
@@ -165,23 +166,21 @@ class CreditAssigner:
             ]
 
         eos = self.tok.eos_token_id
+        texts = [self.token_texts(t.completion_ids) for t in items]
+        # Exit points lie in the thinking part only; the last one is where the model itself exits.
+        # The answer after it is one more segment (see _trace_credit).
+        ends = [S.thinking_end(tx, cfg.exit_string) for tx in texts]
         starts: dict[int, list[int]] = {}
-        answer_at: dict[int, int | None] = {}
 
         def cuts_for(j: int, entropies: torch.Tensor) -> list[int]:
-            completion = items[j].completion_ids
-            texts = self.token_texts(completion)
-            # Exit points lie in the thinking part only; the last one is where the model itself exits.
-            # The answer after it is one more segment, scored by nobody (r̂ = 0, see _trace_credit).
-            end = S.thinking_end(texts, cfg.exit_string)
-            answer_at[j] = end
+            completion, end = items[j].completion_ids, ends[j]
             if end is not None:
-                starts[j] = S.segment_trace(texts[:end], entropies[:end].tolist(), cfg.segmentation)
+                starts[j] = S.segment_trace(texts[j][:end], entropies[:end].tolist(), cfg.segmentation)
                 return S.exit_cuts(starts[j], end) if end > 0 else [0]
             # No exit of its own (e.g. cut off at the length limit): the final exit follows the whole
             # trace but not its EOS (nothing is read after EOS, and a segment never starts at the EOS:
             # it joins the last segment), so cuts stay increasing.
-            found = S.segment_trace(texts, entropies.tolist(), cfg.segmentation)
+            found = S.segment_trace(texts[j], entropies.tolist(), cfg.segmentation)
             scored = len(completion) - 1 if completion and completion[-1] == eos else len(completion)
             starts[j] = [s for s in found if s < scored] or [0]
             return [min(c, scored) for c in S.exit_cuts(starts[j], len(completion))]
@@ -192,8 +191,9 @@ class CreditAssigner:
                 t.completion_ids,
                 None,
                 [(self.encode(u) if u else [], self.encode(y)) for u, y in t.pairs],
+                self._own_answer_cut(t.completion_ids, texts[j], ends[j]),
             )
-            for t in items
+            for j, t in enumerate(items)
         ]
         value_model = value_model if value_model is not None else policy
         ents = None
@@ -201,7 +201,7 @@ class CreditAssigner:
             # Segment by the policy's entropies, score with the frozen value model.
             ents = completion_entropies(policy, pairs_of, budget.max_batch_tokens)
             specs = [
-                TraceExits(s.prompt_ids, s.completion_ids, cuts_for(j, ents[j]), s.pairs)
+                TraceExits(s.prompt_ids, s.completion_ids, cuts_for(j, ents[j]), s.pairs, s.answer_cut)
                 for j, s in enumerate(specs)
             ]
         if cfg.scorer == "single_pass":
@@ -210,10 +210,22 @@ class CreditAssigner:
             scores = score_traces_naive(value_model, specs, self.strings(), budget.max_batch_tokens, cuts_for)
         if ents is not None:
             scores = [
-                TraceScores(sc.cuts, sc.log_p_solution, sc.log_p_answer, ents[j])
+                TraceScores(sc.cuts, sc.log_p_solution, sc.log_p_answer, ents[j], sc.log_p_own_answer)
                 for j, sc in enumerate(scores)
             ]
-        return [self._trace_credit(items[j], starts[j], answer_at[j], sc) for j, sc in enumerate(scores)]
+        return [self._trace_credit(items[j], starts[j], ends[j], sc) for j, sc in enumerate(scores)]
+
+    def _own_answer_cut(self, completion: list[int], texts: list[str], end: int | None) -> int | None:
+        """Where the model's own final solution ends: its last answer prefix after the exit, else the
+        end of the trace before its EOS. None when the model never exits (no answer segment)."""
+        if end is None or end >= len(completion):
+            return None
+        needle = self.cfg.answer_prefix.strip() or self.cfg.answer_prefix
+        box = S.find_text(texts, needle, start=end, last=True) if needle else None
+        if box is not None:
+            return box
+        eos = self.tok.eos_token_id
+        return len(completion) - 1 if completion[-1] == eos else len(completion)
 
     def _trace_credit(
         self, item: TraceInput, starts: list[int], answer_at: int | None, scores: TraceScores
@@ -221,16 +233,29 @@ class CreditAssigner:
         n = len(item.completion_ids)
         log_v = C.exit_log_values(scores.log_p_solution, scores.log_p_answer, item.log_q, item.utility)
         rewards = C.segment_rewards(log_v)
+        answer_reward = None
         if answer_at is not None and answer_at < n:
-            # The answer segment: its value change is not estimated (the reference pairs describe the
-            # state at the exit, not the model's own answer), so it only gets the uniform share.
+            # The answer segment's reward compares how well the model's own final solution and the
+            # reference solution, both read at the model's exit, lead to the reference answer:
+            # r̂ = log p(y | own solution, s_e) - log p(y | u_ref, s_e). Both are answer NLLs, so the
+            # reference solution's (large) likelihood cannot leak into it; a wrong final solution
+            # earns blame, a right one about 0.
             starts = [*starts, answer_at]
-            rewards = torch.cat([rewards, rewards.new_zeros(1)])
+            answer_reward = float(scores.log_p_own_answer - scores.log_p_answer[-1, 0])
+            answer_reward = max(answer_reward, C.LOG_VALUE_FLOOR)
+            rewards = torch.cat([rewards, rewards.new_tensor([answer_reward])])
         ids = S.segment_ids_from_starts(starts, n)
         ents = scores.entropies if self.cfg.method == "rredcot+entropy" else None
         mult = C.credit_multiplier(self.cfg.method, n, item.advantage, self.cfg.mix, ids, rewards, ents)
         return TraceCredit(
-            mult, starts, scores.cuts, log_v, scores.log_p_solution, scores.log_p_answer, scores.entropies
+            mult,
+            starts,
+            scores.cuts,
+            log_v,
+            scores.log_p_solution,
+            scores.log_p_answer,
+            scores.entropies,
+            answer_reward,
         )
 
 
@@ -274,4 +299,5 @@ def credit_record(
         "thought_nll": finite(first(credit.log_p_solution)) if credit.log_p_solution.numel() else [],
         "answer_nll": finite(first(credit.log_p_answer)) if credit.log_p_answer.numel() else [],
         "entropies": [float(h) for h in credit.entropies.tolist()],
+        "answer_reward": credit.answer_reward,
     }

@@ -15,6 +15,8 @@ Input is one *credit record* per trace, a JSON-serialisable dict::
     log_values      list[float | None]  log v̂ per cut (None where v̂ = 0, i.e. log v̂ = -inf)
     thought_nll, answer_nll             optional, list[float | None] per cut
     entropies                           optional, list[float] per token (bits)
+    answer_reward                       optional float: r̂ of the answer segment after the model's
+                                        own exit (the last segment when ``cuts`` end at its start)
 
 σ is shown relative to uniform credit, σ·|o| (1 = every token weighted alike), on a diverging log
 scale: blue below uniform, white at uniform, red above, clipped at ``2**±CLIP_LOG2``.
@@ -89,6 +91,8 @@ def validate_record(record: Mapping[str, Any]) -> None:
         values = _number_list(record, "entropies", n_tokens)
         if any(not _is_finite(h) or h < 0 for h in values):
             raise ValueError("'entropies' must be finite and non-negative")
+    if record.get("answer_reward") is not None and not _is_finite(record["answer_reward"]):
+        raise ValueError("'answer_reward' must be a finite number or None")
 
 
 def _field(record: Mapping[str, Any], key: str) -> Any:
@@ -228,7 +232,8 @@ def _segments(record: Mapping[str, Any]) -> list[_Segment]:
     """Segments with their credit share; Δ log v̂ only where cuts k and k+1 bound segment k.
 
     Cuts sit at the segment starts, plus one at the end of the thinking part: the trace's end (before
-    its EOS) or, when the model exits on its own, the start of the answer segment, which has no Δ.
+    its EOS) or, when the model exits on its own, the start of the answer segment, whose Δ is the
+    record's ``answer_reward``.
     """
     n = len(record["tokens"])
     starts = list(record["segment_starts"])
@@ -239,7 +244,9 @@ def _segments(record: Mapping[str, Any]) -> list[_Segment]:
     out = []
     for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
         delta = None
-        if aligned and k + 1 < len(cuts) and lv[k] is not None and lv[k + 1] is not None:
+        if aligned and k + 1 == len(cuts) and record.get("answer_reward") is not None:
+            delta = float(record["answer_reward"])  # the answer segment, after the model's exit
+        elif aligned and k + 1 < len(cuts) and lv[k] is not None and lv[k + 1] is not None:
             delta = float(lv[k + 1]) - float(lv[k])
         out.append(_Segment(k, a, b, math.fsum(record["sigma"][a:b]), (b - a) / n, delta))
     return out

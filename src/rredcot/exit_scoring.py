@@ -56,12 +56,16 @@ class TraceExits:
     """One trace to score: its prompt, completion, exit points and N reference pairs.
 
     ``cuts`` may be None when the scorer chooses them from the trace's entropies (``cuts_for``).
+    ``answer_cut``, when given, also scores the first pair's answer right after the model's own
+    solution: ``prompt ⊕ completion[:answer_cut] ⊕ answer_prefix ⊕ answer ⊕ answer_suffix`` (no exit
+    string, no reference solution), giving ``TraceScores.log_p_own_answer``.
     """
 
     prompt_ids: list[int]
     completion_ids: list[int]
     cuts: list[int] | None
     pairs: list[tuple[list[int], list[int]]]  # (solution_ids, answer_ids)
+    answer_cut: int | None = None
 
     def __post_init__(self) -> None:
         if not self.pairs:
@@ -76,6 +80,7 @@ class TraceScores:
     log_p_solution: Tensor  # log p(u|s): minus the thought NLL
     log_p_answer: Tensor  # log p(y|u,s): minus the reference answer NLL
     entropies: Tensor  # [completion length], float32
+    log_p_own_answer: Tensor | None = None  # log p(y_1 | own solution, s): scalar, with answer_cut
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -312,9 +317,25 @@ def score_traces_naive(
             strings.answer_suffix_ids,
         )
         bounds.append((start, len(jobs), cuts))
+    own: dict[int, int] = {}  # trace -> job index of its own-answer sequence
+    for i, t in enumerate(traces):
+        if t.answer_cut is not None:
+            own[i] = len(jobs)
+            jobs += _make_jobs(
+                t.prompt_ids,
+                t.completion_ids,
+                [t.answer_cut],
+                [([], t.pairs[0][1])],
+                [],
+                strings.answer_prefix_ids,
+                strings.answer_suffix_ids,
+            )
     log_p_solution, log_p_answer = _score_jobs(model, jobs, max_batch_tokens)
     results = []
-    for (a, b, cuts), t, ent in zip(bounds, traces, entropies, strict=True):
+    for i, ((a, b, cuts), t, ent) in enumerate(zip(bounds, traces, entropies, strict=True)):
         shape = (len(cuts), len(t.pairs))
-        results.append(TraceScores(cuts, log_p_solution[a:b].view(shape), log_p_answer[a:b].view(shape), ent))
+        own_answer = log_p_answer[own[i]] if i in own else None
+        results.append(
+            TraceScores(cuts, log_p_solution[a:b].view(shape), log_p_answer[a:b].view(shape), ent, own_answer)
+        )
     return results

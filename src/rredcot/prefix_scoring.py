@@ -212,6 +212,17 @@ def _suffixes(
                         t, row, k * n_pairs + j, last, ids, len(head), len(solution), answer_at, len(answer)
                     )
                 )
+        if trace.answer_cut is not None:
+            # The first pair's answer right after the model's own solution: one more output slot.
+            last = len(trace.prompt_ids) + trace.answer_cut - 1
+            if not 0 <= trace.answer_cut <= len(trace.completion_ids) or last < 0:
+                raise ValueError(f"answer cut {trace.answer_cut} outside the completion of trace {t}")
+            answer = trace.pairs[0][1]
+            ids = [prefix[last], *strings.answer_prefix_ids, *answer, *strings.answer_suffix_ids]
+            out = len(cuts[t]) * n_pairs
+            jobs.append(
+                _Suffix(t, row, out, last, ids, 1, 0, 1 + len(strings.answer_prefix_ids), len(answer))
+            )
     return jobs
 
 
@@ -369,7 +380,7 @@ def score_traces_single_pass(
             base, n_out = {}, 0
             for i in rows:
                 base[i] = n_out
-                n_out += len(cuts[i]) * len(traces[i].pairs)
+                n_out += len(cuts[i]) * len(traces[i].pairs) + (traces[i].answer_cut is not None)
             flat = torch.zeros(2 * n_out, dtype=torch.float64)
 
             def slot(job: _Suffix, is_answer: bool, base: dict = base, n_out: int = n_out) -> int:
@@ -382,6 +393,7 @@ def score_traces_single_pass(
                 a, b = base[i], base[i] + shape[0] * shape[1]
                 sol = flat[a:b].float().view(shape)
                 ans = flat[n_out + a : n_out + b].float().view(shape)
-                results[i] = TraceScores(cuts[i], sol, ans, ent)
+                own = flat[n_out + b].float() if traces[i].answer_cut is not None else None
+                results[i] = TraceScores(cuts[i], sol, ans, ent, own)
             del chunk
     return results  # type: ignore[return-value]

@@ -429,22 +429,33 @@ def exit_cuts(segment_starts: Sequence[int], n_tokens: int) -> list[int]:
     return [int(s) for s in segment_starts] + [n_tokens]
 
 
+def find_text(token_texts: Sequence[str], needle: str, start: int = 0, last: bool = False) -> int | None:
+    """Index of the token holding the first character of ``needle`` in ``token_texts[start:]``.
+
+    The first occurrence, or the last with ``last=True``; None when the text does not occur.
+    """
+    if not needle:
+        raise ValueError("cannot search for an empty text")
+    ends = list(accumulate(len(t) for t in token_texts))
+    offset = ends[start - 1] if 0 < start <= len(ends) else 0
+    text = "".join(token_texts[start:])
+    at = text.rfind(needle) if last else text.find(needle)
+    if at < 0:
+        return None
+    return next(i for i, end in enumerate(ends) if end > offset + at)
+
+
 def thinking_end(token_texts: Sequence[str], exit_string: str) -> int | None:
     """Index of the token where the model's own exit string begins, or None if it never exits.
 
     The first occurrence of ``exit_string`` (surrounding whitespace stripped, so ``"\n</think>\n\n"``
-    also finds a bare ``</think>``) in the concatenated token texts is looked up, and the token that
-    holds its first character is returned: the thinking part is ``tokens[:e]``, the answer ``tokens[e:]``.
+    also finds a bare ``</think>``) is looked up with ``find_text``: the thinking part is
+    ``tokens[:e]``, the answer ``tokens[e:]``.
     """
     needle = exit_string.strip()
     if not needle:
         raise ValueError("exit_string is empty after stripping whitespace")
-    text = "".join(token_texts)
-    at = text.find(needle)
-    if at < 0:
-        return None
-    ends = list(accumulate(len(t) for t in token_texts))
-    return next(i for i, end in enumerate(ends) if end > at)
+    return find_text(token_texts, needle)
 
 
 def segment_trace(
