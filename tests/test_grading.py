@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rredcot.grading import answers_equivalent, extract_boxed, grade, parseable
+from rredcot.grading import answers_equivalent, extract_answer, extract_boxed, final_part, grade, parseable
 from rredcot.jsonl import read_jsonl
 
 DATA_DIR = Path(__file__).parents[2] / "shared" / "data"
@@ -94,3 +94,117 @@ def test_math500_reference_solutions_grade_correct() -> None:
     agreement = sum(grade(row["solution"], row["answer"]) for row in rows) / len(rows)
     # Measured 1.0 (500/500) with math-verify 0.9.0.
     assert agreement >= 0.99
+
+
+# ----------------------------------------------------------------- real benchmark answer forms
+# Gold answers are read from the shared benchmark files by id; only the predictions are written here.
+# Each expectation is what math-verify 0.9.0 actually does (checked), including its limits.
+needs_data = pytest.mark.skipif(
+    not all((DATA_DIR / f"{n}.jsonl").exists() for n in ("math500", "aime24", "aime25", "amc23")),
+    reason="shared benchmark data not present",
+)
+MATH500_EQUIVALENT = [
+    ("test/algebra/2584.json", "\\dfrac{14}{3}"),  # \frac{14}{3}
+    ("test/algebra/2584.json", "14/3"),
+    ("test/algebra/2584.json", "4\\frac{2}{3}"),  # a mixed number
+    ("test/algebra/2584.json", "4.666667"),  # a decimal equal after rounding to 6 places ...
+    ("test/precalculus/807.json", "(3, \\pi/2)"),  # \left( 3, \frac{\pi}{2} \right)
+    ("test/precalculus/807.json", "\\left(3,\\frac{\\pi}{2}\\right)"),
+    ("test/intermediate_algebra/1994.json", "-q + p"),  # p - q
+    ("test/algebra/1349.json", "Evelyn"),  # \text{Evelyn}
+    ("test/algebra/1349.json", "evelyn"),  # text answers are compared case-insensitively
+    ("test/intermediate_algebra/183.json", "(2, \\infty)"),  # (2,\infty)
+    ("test/algebra/2043.json", "(3,\\infty)\\cup(-\\infty,2)"),  # a union in another order
+    ("test/precalculus/927.json", "90"),  # 90^\circ
+    ("test/precalculus/927.json", "90^{\\circ}"),
+    ("test/prealgebra/1003.json", "\\frac{270}{7}"),  # \frac{270}7\text{ degrees}
+    ("test/prealgebra/1003.json", "\\frac{270}{7}^\\circ"),
+    ("test/algebra/2626.json", "32348"),  # \$32,\!348
+    ("test/algebra/2626.json", "32,348"),
+    ("test/algebra/2780.json", "18.9"),  # \$18.90
+    ("test/prealgebra/1044.json", "5.4"),  # 5.4 \text{ cents}
+    ("test/intermediate_algebra/1388.json", "-2, 1"),  # 1,-2: a list of roots, any order
+    ("test/intermediate_algebra/662.json", "1+\\sqrt{19}, 1-\\sqrt{19}"),  # 1 \pm \sqrt{19}
+    (
+        "test/precalculus/1300.json",
+        "\\begin{pmatrix} -\\frac{1}{3} \\\\ \\frac{2}{3} \\\\ \\frac{5}{3} \\end{pmatrix}",
+    ),
+    ("test/precalculus/779.json", "7i - 2"),  # -2 + 7i
+    ("test/precalculus/819.json", "C"),  # \text{(C)}
+    ("test/precalculus/819.json", "(C)"),
+]
+MATH500_WRONG = [
+    ("test/algebra/2584.json", "\\frac{13}{3}"),  # off by one
+    ("test/algebra/2584.json", "-\\frac{14}{3}"),  # wrong sign
+    ("test/algebra/2584.json", "\\frac{3}{14}"),  # inverted
+    ("test/algebra/2584.json", "4.66667"),  # ... but not a coarser one
+    ("test/precalculus/807.json", "\\left( \\frac{\\pi}{2}, 3 \\right)"),  # swapped tuple
+    ("test/precalculus/807.json", "(3, \\frac{\\pi}{3})"),
+    ("test/intermediate_algebra/956.json", "(6,-1,31)"),  # (6,31,-1) swapped
+    ("test/intermediate_algebra/47.json", "(1,-2)"),  # (-2,1) swapped
+    ("test/precalculus/43.json", "(15,29)"),  # (15,-29) wrong sign
+    ("test/intermediate_algebra/1994.json", "q - p"),  # wrong sign
+    ("test/algebra/1349.json", "\\text{Angela}"),
+    ("test/intermediate_algebra/183.json", "[2,\\infty)"),  # closed instead of open
+    ("test/intermediate_algebra/558.json", "(3,4)"),  # (3,4]
+    ("test/algebra/2043.json", "(-\\infty, 2] \\cup [3, \\infty)"),
+    ("test/algebra/2780.json", "18.09"),
+    ("test/intermediate_algebra/1388.json", "1"),  # only one of the two roots
+    ("test/precalculus/1300.json", "\\begin{pmatrix} 1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}"),
+    ("test/precalculus/779.json", "-2 - 7i"),
+    ("test/precalculus/1105.json", "\\frac{\\pi}{6}"),  # -\frac{\pi}{6}
+    ("test/precalculus/819.json", "D"),
+    # Limits: math-verify does not convert between degrees and radians.
+    ("test/precalculus/927.json", "\\frac{\\pi}{2}"),  # 90^\circ
+    ("test/precalculus/1105.json", "-30^\\circ"),
+    ("test/precalculus/807.json", "(3, 90^\\circ)"),
+]
+
+
+def _rows(name: str) -> dict[str, dict]:
+    return {row["id"]: row for row in read_jsonl(DATA_DIR / f"{name}.jsonl")}
+
+
+@needs_data
+@pytest.mark.parametrize(("row_id", "pred"), MATH500_EQUIVALENT)
+def test_math500_equivalent_forms_grade_correct(row_id: str, pred: str) -> None:
+    gold = _rows("math500")[row_id]["answer"]
+    assert answers_equivalent(gold, pred)
+    assert grade(f"<think>\nwork\n</think>\nThe answer is $\\boxed{{{pred}}}$.", gold, "</think>\n")
+
+
+@needs_data
+@pytest.mark.parametrize(("row_id", "pred"), MATH500_WRONG)
+def test_math500_different_answers_grade_wrong(row_id: str, pred: str) -> None:
+    gold = _rows("math500")[row_id]["answer"]
+    assert not answers_equivalent(gold, pred)
+    assert not grade(f"\\boxed{{{pred}}}", gold)
+
+
+@needs_data
+@pytest.mark.parametrize("name", ["aime24", "aime25", "amc23"])
+def test_competition_answers_and_their_source_forms(name: str) -> None:
+    """AIME answers zero-padded in the source ("025") and AMC answers stored as floats (27.0) are the
+    same answers as the canonical integers, in both grading directions; neighbours are not."""
+    rows = list(_rows(name).values())
+    padded = sum(str(r.get("answer_raw", r["answer"])) != r["answer"] for r in rows)
+    assert padded == {"aime24": 7, "aime25": 0, "amc23": 40}[name]
+    for row in rows:
+        gold, raw = row["answer"], str(row.get("answer_raw", row["answer"]))
+        assert grade(f"\\boxed{{{raw}}}", gold) and grade(f"\\boxed{{{gold}}}", raw)
+        assert not grade(f"\\boxed{{{int(gold) + 1}}}", gold)
+        assert not grade(f"\\boxed{{{-int(gold)}}}", gold)
+
+
+def test_answer_after_the_thinking_block() -> None:
+    text = "<think>\nmaybe \\boxed{3}\n</think>\n\nSo the answer is \\boxed{4}."
+    assert extract_answer(text, "</think>\n") == "4"
+    assert final_part(text, "\n</think>\n\n") == "\n\nSo the answer is \\boxed{4}."
+    # A box only inside the closed thinking block is no answer ...
+    assert extract_answer("<think>\n\\boxed{3}\n</think>\nno box", "</think>") is None
+    assert not grade("<think>\n\\boxed{3}\n</think>\nno box", "3", "</think>")
+    # ... while a block that never closes (or no marker configured) leaves the whole text.
+    assert extract_answer("<think>\n\\boxed{3} and on", "</think>\n") == "3"
+    assert extract_answer(text) == "4" and extract_answer(text, "") == "4"
+    # The first marker closes the block.
+    assert final_part("a</think>b</think>c", "</think>") == "b</think>c"

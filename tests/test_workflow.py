@@ -33,7 +33,7 @@ def test_bad_config_fails_before_any_job(tmp_path):
 def test_dry_run_lists_every_stage(tmp_path):
     proc = _run(["-n", "--quiet", "rules"], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    for rule in ("data", "clean", "sft", "train", "evaluate", "report"):
+    for rule in ("data", "clean", "sft", "train", "evaluate", "report", "tables", "study_mc", "study_prm"):
         assert rule in proc.stdout
 
 
@@ -50,6 +50,20 @@ def test_smoke_workflow(tmp_path):
     assert "all" in table["benchmark"].to_list()
     assert (results / "figures" / "learning_curve.png").stat().st_size > 5000
     assert (results / "figures" / "learning_curve.pdf").exists()
+    # Every table and the analyses' figures (PNG and PDF), from the one `all` target.
+    for name in (
+        "fig3_truncation",
+        "fig4_attribution_correlation",
+        "fig5_prm_vs_nll",
+        "fig6_prm_vs_rredcot",
+        "fig7_mc_variance",
+    ):
+        for ext in ("png", "pdf"):
+            assert (results / "figures" / f"{name}.{ext}").stat().st_size > 1000, name
+    table2 = pl.read_csv(results / "table2.csv")
+    assert {"benchmark", "base_mean", "grpo_mean", "rredcot_mean", "paper_open_rs"} <= set(table2.columns)
+    cost = pl.read_csv(results / "cost.csv")
+    assert {"GRPO", "RREDCoT"} <= set(cost["item"].to_list()) and "study" in cost["kind"].to_list()
 
     report = json.loads((results / "clean" / "report.json").read_text())
     assert report["flagged_fraction"] == pytest.approx(0.15)
@@ -63,13 +77,14 @@ def test_smoke_workflow(tmp_path):
         assert (results / "logs" / f"{log}.log").exists()
     assert (results / "benchmarks" / "sft.tsv").exists()
 
-    # One MLflow run per job (1 data + 1 clean + 1 sft + 7x2 train + 8x2 eval + 1 report), grouped.
+    # One MLflow run per job (1 data + 1 clean + 1 sft + 7x2 train + 8x2 eval + 1 report + 1 tables
+    # + 2 trace sets, 2 MC runs, MC figures, attribution, PRM training and scoring, attribution figures).
     client = MlflowClient(tracking_uri=f"sqlite:///{results}/mlflow.db")
     exp = client.get_experiment_by_name("rredcot-smoke")
     runs = client.search_runs([exp.experiment_id], max_results=500)
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     parents = {r.data.tags["mlflow.parentRunId"] for r in children}
-    assert len(children) == 34 and len(parents) == 1
+    assert len(children) == 45 and len(parents) == 1
     assert all(r.info.status == "FINISHED" for r in children)
     train = [r for r in children if r.data.tags.get("rredcot.rule") == "train"]
     arms = ["bnpo", "dapo", "dr_grpo", "entropy", "grpo", "rredcot", "rredcot_entropy"]

@@ -177,7 +177,7 @@ def train_step_ab(config: list[str], sft: str, data: str, arms: list[str], steps
     from rredcot.train import credit_config, grpo_args
     from rredcot.trainer import RREDCoTTrainer
 
-    cfg = load_config(config, {"rl": {"max_steps": steps}, "credit": {"view_every": 0}})
+    cfg = load_config(config, {"rl": {"max_steps": steps, "save_every": 0}, "credit": {"view_every": 0}})
     tok = load_tokenizer(sft)
     dataset = Dataset.from_list(rl_records(read_jsonl(data), cfg["prompt"]["template"]))
     out: dict[str, Any] = {}

@@ -1,12 +1,19 @@
 """The ``rredcot`` command: one entry point for every pipeline stage.
 
-    rredcot data      --config C --out-dir DIR          generate the sft/rl/test splits
+    rredcot data      --config C --out-dir DIR          generate the sft/rl/test splits (synthetic task)
+    rredcot fetch     --config C --dataset D --out F    one configured dataset (train, heldout or a
+                                                        benchmark) in the common schema
+    rredcot datasets  [NAME --out F | --list]           the dataset registry (config/datasets.yaml)
     rredcot clean     INPUT --out O --flags F --report R [--config C]
     rredcot sft       --config C --data sft.jsonl --out DIR
     rredcot train     --config C --arm A --seed N --model DIR --data rl.jsonl --eval-data test.jsonl --out DIR
     rredcot evaluate  --config C --model DIR --data test.jsonl --out R.jsonl --summary S.json --arm A --seed N
     rredcot report    table|curve ...
-    rredcot tracking  ui|runs ...
+    rredcot bench     --out results/bench/credit.json  credit-assignment cost benchmark
+    rredcot credit-view --config C --model DIR --traces T --out DIR   credit pictures of a trace file
+    rredcot study-traces | study-mc | study-mc-figures | study-attribution | study-prm-train |
+            study-prm | study-attr-figures ...           the paper's analyses (Figures 3-7)
+    rredcot tracking  ui|runs|server ...
 
 Each stage is also ``python -m rredcot.<module>``; ``rredcot STAGE --help`` shows its options.
 """
@@ -23,13 +30,23 @@ from pathlib import Path
 
 STAGES = {
     "data": "rredcot.cli:data_main",
+    "fetch": "rredcot.cli:fetch_main",
+    "datasets": "rredcot.datasets:main",
     "clean": "rredcot.cli:clean_main",
     "sft": "rredcot.sft:main",
     "train": "rredcot.train:main",
     "evaluate": "rredcot.evaluate:main",
     "report": "rredcot.report:main",
     "bench": "rredcot.bench:main",
+    "tables": "rredcot.tables:main",
     "credit-view": "rredcot.credit_view_cli:main",
+    "study-traces": "rredcot.studies.traces:main",
+    "study-mc": "rredcot.studies.mc:main",
+    "study-mc-figures": "rredcot.studies.figures_mc:main",
+    "study-attribution": "rredcot.studies.attribution:main",
+    "study-prm-train": "rredcot.studies.prm_train:main",
+    "study-prm": "rredcot.studies.prm:main",
+    "study-attr-figures": "rredcot.studies.figures_attr:main",
     "tracking": "rredcot.tracking:main",
 }
 
@@ -62,6 +79,41 @@ def data_main(argv: Sequence[str] | None = None) -> None:
         print(summary)
 
 
+def fetch_main(argv: Sequence[str] | None = None) -> None:
+    """Write one dataset of the config's ``data`` section (``data.kind: datasets``) as common-schema JSONL.
+
+    ``--dataset`` is ``train``, ``heldout`` or a name under ``data.benchmarks``; each names a registry
+    entry (``data.registry``), a local file, or is an inline spec. Hub datasets need network access.
+    """
+    from rredcot.config import load_config
+    from rredcot.datasets import load_dataset_spec, load_registry, resolve_dataset
+    from rredcot.jsonl import write_jsonl
+    from rredcot.tracking import stage_run
+
+    ap = argparse.ArgumentParser(prog="rredcot fetch", description=fetch_main.__doc__)
+    ap.add_argument("--config", nargs="+", required=True)
+    ap.add_argument("--dataset", required=True, help="train, heldout or a benchmark name")
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config)
+    data = cfg["data"]
+    if data["kind"] != "datasets":
+        raise SystemExit("rredcot fetch: data.kind is not 'datasets' (the synthetic task: rredcot data)")
+    choices = {"train": data["train"], "heldout": data["heldout"], **data["benchmarks"]}
+    if args.dataset not in choices:
+        raise SystemExit(f"rredcot fetch: no dataset {args.dataset!r}; choose from: {', '.join(choices)}")
+    spec = resolve_dataset(choices[args.dataset], load_registry(data["registry"]))
+    params = {"dataset": args.dataset, "spec": json.dumps(spec)}
+    with stage_run(cfg, f"fetch-{args.dataset}", rule="fetch", params=params) as run:
+        rows = load_dataset_spec(spec, root=Path(data["root"]))
+        limit = data["max_rows"].get(args.dataset)
+        if limit:
+            rows = rows[:limit]
+        write_jsonl(args.out, rows)
+        run.log_metrics({"rows": len(rows)})
+        print(f"[fetch] {args.dataset}: {len(rows)} rows -> {args.out}", flush=True)
+
+
 def clean_main(argv: Sequence[str] | None = None) -> None:
     """Flag label errors; with ``--config`` the run is also logged to MLflow with its report."""
     from rredcot import clean
@@ -76,14 +128,13 @@ def clean_main(argv: Sequence[str] | None = None) -> None:
     from rredcot.tracking import stage_run
 
     cfg = load_config(known.config)
-    rest = [*rest, "--min-solution-steps", str(cfg["clean"]["min_solution_steps"])]
     with stage_run(
         cfg,
         "clean",
         rule="clean",
         params={"clean": cfg["clean"]},
     ) as run:
-        clean.main(rest)
+        clean.main(rest, settings=cfg["clean"])
         report_path = rest[rest.index("--report") + 1]
         with open(report_path) as fh:
             report = json.load(fh)

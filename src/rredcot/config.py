@@ -83,8 +83,24 @@ def _check_consistency(cfg: dict[str, Any]) -> None:
         raise ConfigError("invalid configuration:\n  model.hidden_size: must be divisible by model.num_heads")
     if model["kind"] == "scratch" and model["num_heads"] % model["num_kv_heads"]:
         raise ConfigError("invalid configuration:\n  model.num_kv_heads: must divide model.num_heads")
-    if cfg["data"]["kind"] == "synthetic" and "synthetic" not in cfg["data"]:
-        cfg["data"]["synthetic"] = {}
+    unknown = [a for a in cfg.get("run_arms", []) if a not in cfg["arms"]]
+    if unknown:
+        raise ConfigError(f"invalid configuration:\n  run_arms: unknown arm(s) {', '.join(unknown)}")
+    data = cfg["data"]
+    if data["kind"] == "synthetic" and "synthetic" not in data:
+        data["synthetic"] = {}
+    if data["kind"] == "datasets":
+        for key in ("train", "heldout"):
+            if key not in data:
+                raise ConfigError(f"invalid configuration:\n  data.{key}: required for data.kind datasets")
+        if not data["benchmarks"]:
+            raise ConfigError("invalid configuration:\n  data.benchmarks: name at least one benchmark")
+        if cfg["sft"]["enabled"]:
+            raise ConfigError(
+                "invalid configuration:\n  sft.enabled: real datasets have no SFT split; set it to false"
+            )
+    if not cfg["sft"]["enabled"] and model["kind"] != "pretrained":
+        raise ConfigError("invalid configuration:\n  sft.enabled: false needs model.kind pretrained")
 
 
 def load_config(paths: str | Path | Iterable[str | Path], overrides: Mapping[str, Any] | None = None) -> dict:
@@ -101,6 +117,11 @@ def load_config(paths: str | Path | Iterable[str | Path], overrides: Mapping[str
     if overrides:
         merged = deep_merge(merged, overrides)
     return validate(merged)
+
+
+def active_arms(cfg: Mapping[str, Any]) -> list[str]:
+    """The arms a run trains and reports, in table order: ``run_arms``, else every configured arm."""
+    return list(cfg.get("run_arms") or cfg["arms"])
 
 
 def arm_label(cfg: Mapping[str, Any], arm: str) -> str:

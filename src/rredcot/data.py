@@ -36,11 +36,19 @@ def reference_solution(solution: str | None) -> str | None:
     return solution.rstrip()
 
 
-def rl_records(rows: Sequence[Mapping[str, Any]], template: str) -> list[dict[str, Any]]:
-    """Rows for TRL's GRPOTrainer: a ``prompt`` plus the columns the reward and credit need."""
+def rl_records(
+    rows: Sequence[Mapping[str, Any]], template: str | Mapping[str, Any], tokenizer: Any = None
+) -> list[dict[str, Any]]:
+    """Rows for TRL's GRPOTrainer: a ``prompt`` plus the columns the reward and credit need.
+
+    ``template`` is a template string or the config's whole ``prompt`` section; with ``style: chat``
+    the prompt is rendered with ``tokenizer``'s chat template, exactly as evaluation renders it.
+    """
+    from rredcot.generation import build_prompt
+
     return [
         {
-            "prompt": format_prompt(template, row["problem"]),
+            "prompt": build_prompt(template, row["problem"], tokenizer),
             "answer": str(row["answer"]),
             "reference": reference_solution(row.get("solution")) or "",
             "level": int(row.get("level") or 0),

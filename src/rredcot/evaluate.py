@@ -1,11 +1,17 @@
-"""Held-out evaluation: generate, extract the boxed answer, grade with math-verify, aggregate.
+"""Held-out evaluation: generate, extract the final boxed answer, grade with math-verify, aggregate.
 
-Protocol (identical for every arm): greedy decoding once, plus ``k`` sampled completions per problem
-at the configured temperature/top-p (avg@k = mean correctness over the samples). Results are kept
-per problem and aggregated per benchmark (for the synthetic task: per difficulty level, and "all").
+Protocol (identical for every arm): ``k`` sampled completions per problem at the configured
+temperature/top-p (avg@k = mean correctness over the samples, pass@k = any sample correct), plus an
+optional greedy completion (``eval.greedy``; real-benchmark protocols usually sample only). The
+answer is the last ``\\boxed{}`` after the thinking block (``prompt.exit_string``), or in the whole
+completion when the block is never closed. Results are kept per problem and aggregated per
+benchmark (the row's ``source``; for the synthetic task its difficulty level) and over ``all``.
 
-CLI: ``python -m rredcot.evaluate --config C --model DIR --data test.jsonl --out records.jsonl
---summary summary.json --arm NAME --seed N``.
+Several data files can be evaluated in one call, each usually one benchmark; ``eval.max_problems``
+caps each file. Generation runs on transformers or vLLM (``eval.backend``).
+
+CLI: ``python -m rredcot.evaluate --config C --model DIR --data test.jsonl [more.jsonl ...]
+--out records.jsonl --summary summary.json --arm NAME --seed N``.
 """
 
 from __future__ import annotations
@@ -14,99 +20,40 @@ import argparse
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from rredcot.config import load_config
-from rredcot.data import format_prompt
-from rredcot.grading import extract_boxed, grade
+from rredcot.generation import Completion, Generator, HFGenerator, build_prompts, make_generator
+from rredcot.grading import answers_equivalent, extract_answer
 from rredcot.jsonl import read_jsonl, write_json, write_jsonl
-from rredcot.modeling import load_model, load_tokenizer, set_threads
-
-
-@torch.inference_mode()
-def generate(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    prompts: Sequence[str],
-    *,
-    greedy: bool,
-    n: int = 1,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 128,
-    batch_size: int = 64,
-    seed: int = 0,
-    progress: bool = False,
-) -> list[list[str]]:
-    """``n`` completions per prompt (decoded, special tokens dropped), in prompt order."""
-    was_training = model.training
-    model.eval()
-    tokenizer.padding_side = "left"
-    flat = [p for p in prompts for _ in range(n)]
-    texts: list[str] = []
-    batches = range(0, len(flat), batch_size)
-    # A private RNG stream: probes during training must not reset the trainer's sampling RNG.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for start in tqdm(batches, desc="generate", disable=not progress, unit="batch"):
-            texts.extend(
-                _generate_batch(
-                    model,
-                    tokenizer,
-                    flat[start : start + batch_size],
-                    greedy,
-                    temperature,
-                    top_p,
-                    max_new_tokens,
-                )
-            )
-    model.train(was_training)
-    return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
-
-
-def _generate_batch(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    chunk: list[str],
-    greedy: bool,
-    temperature: float,
-    top_p: float,
-    max_new_tokens: int,
-) -> list[str]:
-    enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    out = model.generate(
-        **enc,
-        max_new_tokens=max_new_tokens,
-        do_sample=not greedy,
-        temperature=temperature if not greedy else None,
-        top_p=top_p if not greedy else None,
-        top_k=0 if not greedy else None,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+from rredcot.modeling import load_tokenizer, set_threads
 
 
 def benchmark_of(row: Mapping[str, Any]) -> str:
-    """Benchmark name of a row: its source plus difficulty level for synthetic data."""
+    """Benchmark name of a row: its source, plus the difficulty level for synthetic data."""
     if row.get("source") == "synthetic":
         return f"level_{row['level']}"
-    return str(row.get("source") or "all")
+    # Never "all": that name is the aggregate over every benchmark.
+    return str(row.get("source") or "unknown")
 
 
 def probe_accuracy(
     model: torch.nn.Module,
     tokenizer: Any,
     rows: Sequence[Mapping[str, Any]],
-    template: str,
+    template: str | Mapping[str, Any],
     eval_cfg: Mapping[str, Any],
     seed: int = 0,
 ) -> dict[str, float]:
-    """Greedy and sampled (avg@k) accuracy on ``rows``: the learning-curve probe during training."""
-    _, summary = evaluate_rows(model, tokenizer, rows, template, eval_cfg, seed, progress=False)
+    """Greedy and sampled (avg@k) accuracy on ``rows``: the learning-curve probe during training.
+
+    Always on transformers and always with the greedy pass, whatever ``eval`` says: the probe runs
+    on the model being trained and the learning curve has a greedy panel.
+    """
+    _, summary = evaluate_rows(model, tokenizer, rows, template, eval_cfg, seed, progress=False, greedy=True)
     return {"greedy": summary["all"]["greedy"], "sampled": summary["all"][f"avg@{eval_cfg['n_samples']}"]}
 
 
@@ -114,52 +61,105 @@ def evaluate_rows(
     model: torch.nn.Module,
     tokenizer: Any,
     rows: Sequence[Mapping[str, Any]],
-    template: str,
+    template: str | Mapping[str, Any],
     eval_cfg: Mapping[str, Any],
     seed: int,
     progress: bool = True,
+    greedy: bool | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
-    """Per-problem records and per-benchmark summary (``greedy``, ``avg@k``, ``pass@k``, ``n``)."""
-    prompts = [format_prompt(template, r["problem"]) for r in rows]
-    common = {
-        "max_new_tokens": eval_cfg["max_new_tokens"],
-        "batch_size": eval_cfg["batch_size"],
-        "progress": progress,
-    }
-    greedy_out = generate(model, tokenizer, prompts, greedy=True, **common)
+    """Evaluate a model in memory (transformers backend); see :func:`evaluate_with`.
+
+    ``template`` is the config's ``prompt`` section, or just its template string (then the whole
+    completion is searched for the answer).
+    """
+    generator = HFGenerator(model, tokenizer, batch_size=eval_cfg["batch_size"], progress=progress)
+    return evaluate_with(generator, tokenizer, rows, template, eval_cfg, seed, greedy=greedy)
+
+
+def evaluate_with(
+    generator: Generator,
+    tokenizer: Any,
+    rows: Sequence[Mapping[str, Any]],
+    prompt_cfg: str | Mapping[str, Any],
+    eval_cfg: Mapping[str, Any],
+    seed: int,
+    greedy: bool | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
+    """Per-problem records and per-benchmark summary (``n``, ``greedy``, ``avg@k``, ``pass@k``, ...).
+
+    ``greedy`` overrides ``eval.greedy`` (default on).
+    """
+    if greedy is None:
+        greedy = eval_cfg.get("greedy", True)
+    prompts = build_prompts(prompt_cfg, [r["problem"] for r in rows], tokenizer)
+    exit_string = None if isinstance(prompt_cfg, str) else prompt_cfg.get("exit_string")
+    budget = eval_cfg["max_new_tokens"]
+    greedy_out: list[list[Completion]] | list[None] = [None] * len(rows)
+    if greedy:
+        greedy_out = generator.generate(
+            prompts, n=1, temperature=0.0, top_p=1.0, max_new_tokens=budget, seed=seed
+        )
     k = eval_cfg["n_samples"]
-    sampled_out = generate(
-        model,
-        tokenizer,
+    sampled_out = generator.generate(
         prompts,
-        greedy=False,
         n=k,
         temperature=eval_cfg["temperature"],
         top_p=eval_cfg["top_p"],
+        max_new_tokens=budget,
         seed=seed,
-        **common,
     )
-    records = []
-    for row, g, samples in zip(rows, greedy_out, sampled_out, strict=True):
-        gold = str(row["answer"])
-        correct = [grade(s, gold) for s in samples]
-        records.append(
-            {
-                "id": row["id"],
-                "benchmark": benchmark_of(row),
-                "answer": gold,
-                "greedy_completion": g[0],
-                "greedy_pred": extract_boxed(g[0]),
-                "greedy_correct": grade(g[0], gold),
-                "sample_preds": [extract_boxed(s) for s in samples],
-                "sample_correct": correct,
-            }
-        )
+    keep = bool(eval_cfg.get("keep_completions", False))
+    records = [
+        problem_record(row, g[0] if g else None, samples, exit_string, keep)
+        for row, g, samples in zip(rows, greedy_out, sampled_out, strict=True)
+    ]
     return records, summarize(records, k)
 
 
+def _grade(text: str, gold: str, exit_string: str | None) -> tuple[str | None, bool]:
+    """Extracted answer and its correctness (the same rule as :func:`rredcot.grading.grade`)."""
+    pred = extract_answer(text, exit_string)
+    return pred, pred is not None and answers_equivalent(gold, pred)
+
+
+def problem_record(
+    row: Mapping[str, Any],
+    greedy: Completion | None,
+    samples: Sequence[Completion],
+    exit_string: str | None,
+    keep_completions: bool,
+) -> dict[str, Any]:
+    """One problem's results: answers, correctness and lengths (tokens) of every completion."""
+    gold = str(row["answer"])
+    graded = [_grade(s.text, gold, exit_string) for s in samples]
+    record: dict[str, Any] = {"id": row["id"], "benchmark": benchmark_of(row), "answer": gold}
+    if greedy is not None:
+        pred, correct = _grade(greedy.text, gold, exit_string)
+        # The greedy completion is always kept: the credit-view CLI reads traces from it.
+        record |= {
+            "greedy_completion": greedy.text,
+            "greedy_pred": pred,
+            "greedy_correct": correct,
+            "greedy_tokens": greedy.n_tokens,
+            "greedy_truncated": greedy.truncated,
+        }
+    record |= {
+        "sample_preds": [pred for pred, _ in graded],
+        "sample_correct": [correct for _, correct in graded],
+        "sample_tokens": [s.n_tokens for s in samples],
+        "sample_truncated": [s.truncated for s in samples],
+    }
+    if keep_completions:
+        record["sample_completions"] = [s.text for s in samples]
+    return record
+
+
 def summarize(records: Sequence[Mapping[str, Any]], k: int) -> dict[str, dict[str, float]]:
-    """Aggregate per benchmark and over everything."""
+    """Aggregate per benchmark and over everything (``all``).
+
+    ``greedy`` appears only when the records have a greedy pass. ``mean_tokens`` and ``truncated``
+    describe the sampled completions: a rise in truncation explains an accuracy drop at a fixed budget.
+    """
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for rec in records:
         groups[rec["benchmark"]].append(rec)
@@ -167,13 +167,34 @@ def summarize(records: Sequence[Mapping[str, Any]], k: int) -> dict[str, dict[st
     summary = {}
     for name, recs in sorted(groups.items()):
         n = len(recs)
-        summary[name] = {
-            "n": n,
-            "greedy": sum(r["greedy_correct"] for r in recs) / n,
-            f"avg@{k}": sum(sum(r["sample_correct"]) / len(r["sample_correct"]) for r in recs) / n,
-            f"pass@{k}": sum(any(r["sample_correct"]) for r in recs) / n,
-        }
+        stats: dict[str, float] = {"n": n}
+        if all("greedy_correct" in r for r in recs):
+            stats["greedy"] = sum(r["greedy_correct"] for r in recs) / n
+        stats[f"avg@{k}"] = sum(_mean(r["sample_correct"]) for r in recs) / n
+        stats[f"pass@{k}"] = sum(any(r["sample_correct"]) for r in recs) / n
+        if all("sample_tokens" in r for r in recs):
+            stats["mean_tokens"] = sum(_mean(r["sample_tokens"]) for r in recs) / n
+            stats["truncated"] = sum(_mean(r["sample_truncated"]) for r in recs) / n
+        summary[name] = stats
     return summary
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def load_benchmarks(paths: Sequence[str | Path], max_problems: int | None) -> list[dict[str, Any]]:
+    """Rows of every data file, the first ``max_problems`` of each.
+
+    A row without a ``source`` is named after its file, so every benchmark keeps its own summary.
+    """
+    rows = []
+    for path in paths:
+        part = read_jsonl(path)[:max_problems] if max_problems else read_jsonl(path)
+        for row in part:
+            row.setdefault("source", Path(path).name.split(".")[0])
+        rows.extend(part)
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -182,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
     ap.add_argument("--model", required=True, help="model directory (save_pretrained layout)")
-    ap.add_argument("--data", required=True, help="JSONL test split in the common schema")
+    ap.add_argument("--data", nargs="+", required=True, help="JSONL file(s) in the common schema")
     ap.add_argument("--out", required=True, help="per-problem records (JSONL)")
     ap.add_argument("--summary", required=True, help="per-benchmark summary (JSON)")
     ap.add_argument("--arm", required=True, help="arm name (or 'base' for the SFT model)")
@@ -190,21 +211,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     cfg = load_config(args.config)
+    eval_cfg = cfg["eval"]
     set_threads(cfg["threads"]["eval"])
-    rows = read_jsonl(args.data)
-    if cfg["eval"].get("max_problems"):
-        rows = rows[: cfg["eval"]["max_problems"]]
+    rows = load_benchmarks(args.data, eval_cfg.get("max_problems"))
     with stage_run(
         cfg,
         f"eval-{args.arm}-s{args.seed}",
         rule="evaluate",
         arm=args.arm,
         seed=args.seed,
-        params={"eval": cfg["eval"], "model": args.model, "n_problems": len(rows)},
+        params={"eval": eval_cfg, "model": args.model, "n_problems": len(rows)},
     ) as run:
         t0 = time.time()
-        model, tok = load_model(args.model), load_tokenizer(args.model)
-        records, summary = evaluate_rows(model, tok, rows, cfg["prompt"]["template"], cfg["eval"], args.seed)
+        tok = load_tokenizer(args.model)
+        generator = make_generator(eval_cfg, args.model, tok, dtype=cfg["model"].get("dtype", "float32"))
+        records, summary = evaluate_with(generator, tok, rows, cfg["prompt"], eval_cfg, args.seed)
         write_jsonl(args.out, records)
         write_json(args.summary, {"arm": args.arm, "seed": args.seed, "benchmarks": summary})
         for bench, stats in summary.items():
@@ -212,11 +233,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         run.log_metrics({"eval_seconds": time.time() - t0})
         run.log_artifact(args.summary)
         run.log_artifact(args.out)
-        k = cfg["eval"]["n_samples"]
-        print(
-            f"[evaluate] {args.arm} seed {args.seed}: all greedy {summary['all']['greedy']:.3f} "
-            f"avg@{k} {summary['all'][f'avg@{k}']:.3f} ({len(rows)} problems, {time.time() - t0:.0f}s)"
-        )
+        k = eval_cfg["n_samples"]
+        for bench, stats in summary.items():
+            greedy = f"greedy {stats['greedy']:.3f} " if "greedy" in stats else ""
+            print(
+                f"[evaluate] {args.arm} seed {args.seed}: {bench} {greedy}avg@{k} {stats[f'avg@{k}']:.3f} "
+                f"pass@{k} {stats[f'pass@{k}']:.3f} ({stats['n']} problems)"
+            )
+        print(f"[evaluate] {len(rows)} problems in {time.time() - t0:.0f}s")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,29 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
+def final_part(text: str, exit_string: str | None) -> str:
+    """The part of a completion after its thinking block: the text after the first ``exit_string``.
+
+    Whitespace around the marker is ignored (``"</think>\\n"`` also matches ``"</think>\\n\\n"``), as in
+    segmentation. Without a marker in the text, or without a marker configured, the whole completion
+    counts, so models that never close a thinking block are still graded.
+    """
+    needle = (exit_string or "").strip()
+    at = text.find(needle) if needle else -1
+    return text if at < 0 else text[at + len(needle) :]
+
+
+def extract_answer(text: str, exit_string: str | None = None) -> str | None:
+    """The final answer of a completion: the last boxed expression after the thinking block.
+
+    A box written only inside the thinking block does not count once the block is closed: the
+    model's answer is what it states after it.
+    """
+    if not isinstance(text, str):
+        return None
+    return extract_boxed(final_part(text, exit_string))
+
+
 def _timeout() -> int | None:
     """math-verify timeout for the current thread (``None`` disables its signal-based alarm)."""
     return _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
@@ -92,12 +115,13 @@ def answers_equivalent(a: str, b: str) -> bool:
         return False
 
 
-def grade(prediction_text: str, gold: str) -> bool:
+def grade(prediction_text: str, gold: str, exit_string: str | None = None) -> bool:
     """True iff the final boxed answer in ``prediction_text`` is equivalent to ``gold``. Never raises.
 
-    Only the last boxed answer counts, so an output without one is graded wrong.
+    Only the last boxed answer counts (after the thinking block when ``exit_string`` is given, see
+    :func:`extract_answer`), so an output without one is graded wrong.
     """
-    predicted = extract_boxed(prediction_text)
+    predicted = extract_answer(prediction_text, exit_string)
     return predicted is not None and answers_equivalent(gold, predicted)
 
 

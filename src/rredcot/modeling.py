@@ -68,9 +68,11 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     return tok
 
 
-def load_model(path: str | Path) -> torch.nn.Module:
-    """Load a causal LM in float32 (CPU training and exact comparisons need full precision)."""
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+def load_model(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
+    """Load a causal LM: in ``dtype`` on a CUDA machine, always in float32 on a CPU (CPU training and
+    exact comparisons need full precision)."""
+    chosen = getattr(torch, dtype) if torch.cuda.is_available() else torch.float32
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=chosen)
 
 
 def set_threads(n: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import polars as pl
 
-from rredcot.config import arm_label, load_config
+from rredcot.config import active_arms, arm_label, load_config
 from rredcot.jsonl import atomic_path
 
 BASE = "base"
@@ -70,7 +70,7 @@ def comparison_table(long: pl.DataFrame, arms: Sequence[str], labels: Mapping[st
 
 
 def write_table(cfg: Mapping[str, Any], summaries: Sequence[str], out: str | Path) -> pl.DataFrame:
-    arms = list(cfg["arms"])
+    arms = active_arms(cfg)
     labels = {BASE: "base_sft", **{a: arm_label(cfg, a).lower().replace(" ", "_") for a in arms}}
     table = comparison_table(_load_summaries(summaries), arms, labels)
     with atomic_path(out) as tmp:
@@ -100,8 +100,9 @@ def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) 
         value_name="accuracy",
     ).to_pandas()
     sns.set_theme(style="whitegrid", context="paper")
-    order = [m for m in dict.fromkeys(arm_label(cfg, a) for a in cfg["arms"]) if m in set(long["method"])]
-    order += sorted(set(long["method"]) - set(order))
+    present = set(long["method"])
+    order = [m for m in dict.fromkeys(arm_label(cfg, a) for a in active_arms(cfg)) if m in present]
+    order += sorted(present - set(order))
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.6), sharex=True)
     k, temp = cfg["eval"]["n_samples"], cfg["eval"]["temperature"]
     titles = {"greedy": "greedy decoding", "sampled": f"sampled (mean of {k} at T={temp})"}

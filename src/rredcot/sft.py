@@ -3,7 +3,8 @@
 For ``model.kind: scratch`` a byte-level BPE tokenizer is trained on the SFT split and a small Qwen2
 model is initialised; for ``pretrained`` the checkpoint named in the config is loaded. Either way
 TRL's SFTTrainer fits the teacher completions (loss on completion tokens only) and the result is
-saved with ``save_pretrained``.
+saved with ``save_pretrained``. Checkpoints every ``sft.save_every`` steps go to
+``--checkpoint-dir``; a rerun after a crash resumes from the last one (docs/RESUME.md).
 
 CLI: ``python -m rredcot.sft --config C --data sft.jsonl --out results/models/sft``.
 """
@@ -18,47 +19,73 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from transformers import TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from rredcot.config import load_config
 from rredcot.data import format_prompt, sft_records
 from rredcot.jsonl import atomic_dir, read_jsonl
 from rredcot.modeling import build_scratch_model, load_model, load_tokenizer, set_threads, train_tokenizer
+from rredcot.resume import SAVE_TOTAL_LIMIT, RunLogger, checkpoint_step, discard, fingerprint, prepare, record
 
 
-class MetricsCallback(TrainerCallback):
-    """Forwards the trainer's logged numbers to the job's MLflow run."""
-
-    def __init__(self, run: Any) -> None:
-        self.run = run
+class MetricsCallback(RunLogger):
+    """Forwards the trainer's logged numbers to the job's MLflow run (in step with the checkpoints)."""
 
     def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
         if logs:
-            self.run.log_metrics(
-                {k: float(v) for k, v in logs.items() if isinstance(v, int | float)}, step=state.global_step
-            )
+            self.log({k: float(v) for k, v in logs.items() if isinstance(v, int | float)}, state.global_step)
 
 
-def build_start(cfg: Mapping[str, Any], rows: list[dict]) -> tuple[Any, Any]:
-    """Tokenizer and untrained (or pretrained) model for SFT."""
+def build_start(cfg: Mapping[str, Any], rows: list[dict], resume_from: Path | None = None) -> tuple[Any, Any]:
+    """Tokenizer and untrained (or pretrained) model for SFT.
+
+    A resumed job takes the tokenizer it trained before from the checkpoint rather than training it
+    again; the Trainer then loads the checkpoint's weights over the model."""
     spec = cfg["model"]
     if spec["kind"] == "pretrained":
         return load_tokenizer(spec["name_or_path"]), load_model(spec["name_or_path"])
-    template = cfg["prompt"]["template"]
-    corpus = [format_prompt(template, r["problem"]) + r["completion"] for r in rows]
-    tok = train_tokenizer(corpus, spec["vocab_size"])
+    if resume_from is not None:
+        tok = load_tokenizer(resume_from)
+    else:
+        template = cfg["prompt"]["template"]
+        tok = train_tokenizer(
+            [format_prompt(template, r["problem"]) + r["completion"] for r in rows], spec["vocab_size"]
+        )
     return tok, build_scratch_model(tok, spec, cfg["sft"]["seed"])
 
 
-def run_sft(cfg: Mapping[str, Any], data: str, out: Path, run: Any) -> dict[str, float]:
+def mean_loss(training_loss: float, state: Any, resumed_step: int) -> float:
+    """Mean training loss per step, also for a resumed job.
+
+    The Trainer divides the loss summed in this attempt by all steps. On resume add the losses the
+    earlier attempt logged up to the checkpoint and divide by the steps they cover (steps after its
+    last log are lost with the killed process)."""
+    if not resumed_step:
+        return training_loss
+    total, covered = training_loss * state.global_step, 0
+    for logs in state.log_history:
+        if "loss" in logs and logs["step"] <= resumed_step:
+            total += logs["loss"] * (logs["step"] - covered)
+            covered = logs["step"]
+    return total / max(1, covered + state.global_step - resumed_step)
+
+
+def job_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What changes the SFT result: checkpoints are resumed only under the same settings."""
+    sft = {k: v for k, v in cfg["sft"].items() if k not in ("save_every", "resume")}
+    return {"model": cfg["model"], "sft": sft, "prompt": cfg["prompt"]}
+
+
+def run_sft(
+    cfg: Mapping[str, Any], data: str, out: Path, run: Any, checkpoints: Path, resume_from: Path | None = None
+) -> dict[str, float]:
     rows = read_jsonl(data)
-    tok, model = build_start(cfg, rows)
+    tok, model = build_start(cfg, rows, resume_from)
     tok.padding_side = "right"  # training pads on the right; generation switches to left
     records = sft_records(rows, cfg["prompt"]["template"], tok.eos_token)
     s = cfg["sft"]
     args = SFTConfig(
-        output_dir=str(out.parent / f".{out.name}.trainer"),
+        output_dir=str(checkpoints),
         per_device_train_batch_size=s["batch_size"],
         num_train_epochs=s["epochs"],
         learning_rate=s["learning_rate"],
@@ -67,7 +94,9 @@ def run_sft(cfg: Mapping[str, Any], data: str, out: Path, run: Any) -> dict[str,
         weight_decay=s["weight_decay"],
         max_length=s["max_length"],
         logging_steps=25,
-        save_strategy="no",
+        save_strategy="steps" if s["save_every"] else "no",
+        save_steps=max(1, s["save_every"]),
+        save_total_limit=SAVE_TOTAL_LIMIT,
         report_to="none",
         bf16=False,
         use_cpu=not torch.cuda.is_available(),
@@ -79,16 +108,18 @@ def run_sft(cfg: Mapping[str, Any], data: str, out: Path, run: Any) -> dict[str,
         args=args,
         train_dataset=Dataset.from_list(records),
         processing_class=tok,
-        callbacks=[MetricsCallback(run)],
+        callbacks=[MetricsCallback(run, hold=s["save_every"] > 0)],
     )
     t0 = time.time()
-    result = trainer.train()
-    with atomic_dir(out) as tmp:
+    result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    with atomic_dir(out) as tmp:  # the model appears whole or not at all
         trainer.model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+    resumed_step = checkpoint_step(resume_from) if resume_from else 0
     return {
         "sft_seconds": time.time() - t0,
-        "sft_final_loss": float(result.training_loss),
+        "resumed_from_step": resumed_step,
+        "sft_final_loss": mean_loss(float(result.training_loss), trainer.state, resumed_step),
         "n_params": float(sum(p.numel() for p in model.parameters())),
         "n_examples": float(len(records)),
     }
@@ -101,18 +132,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
     ap.add_argument("--data", required=True, help="SFT split (JSONL with problem and completion)")
     ap.add_argument("--out", required=True, help="output model directory")
+    ap.add_argument(
+        "--checkpoint-dir",
+        help="checkpoints of this job, kept across crashes (<results_dir>/checkpoints/sft)",
+    )
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     set_threads(cfg["threads"]["sft"])
+    checkpoints = Path(args.checkpoint_dir or Path(cfg["results_dir"]) / "checkpoints" / "sft")
+    digest = fingerprint(job_settings(cfg), [args.data])
+    s = cfg["sft"]
+    start = prepare(checkpoints, digest, s["resume"] and s["save_every"] > 0, "sft")
+    if start.checkpoint:
+        print(f"[sft] resuming from {start.checkpoint.name}", flush=True)
     with stage_run(
         cfg,
         "sft",
         rule="sft",
         params={"model": cfg["model"], "sft": cfg["sft"], "data": args.data},
+        tags=start.tags,
+        resume=start.run_id,
     ) as run:
-        summary = run_sft(cfg, args.data, Path(args.out), run)
+        if s["save_every"] > 0:
+            record(checkpoints, digest, run.run_id)
+        summary = run_sft(cfg, args.data, Path(args.out), run, checkpoints, start.checkpoint)
         run.log_metrics(summary)
         print(f"[sft] {summary}")
+    discard(checkpoints)  # only now: a kill before this point resumes at the last step
 
 
 if __name__ == "__main__":

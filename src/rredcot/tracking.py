@@ -1,7 +1,8 @@
 """MLflow tracking for workflow jobs: one run per job, grouped under one parent run per invocation.
 
-The store is ``MLFLOW_TRACKING_URI`` when set (e.g. a tracking server on a cluster), otherwise a
-sqlite database ``<results_dir>/mlflow.db`` with artifacts under ``<results_dir>/mlartifacts``.
+The store is ``MLFLOW_TRACKING_URI`` when set (e.g. a tracking server on a cluster, as started by
+``rredcot tracking server``), otherwise a sqlite database ``<results_dir>/mlflow.db`` with artifacts
+under ``<results_dir>/mlartifacts``.
 
 Every job (a separate process, often several at once) calls :func:`job_run`::
 
@@ -22,6 +23,11 @@ The parent run is a container: it is (re)marked RUNNING when a job starts and FI
 ends and no sibling is still running, whatever the jobs' outcome. A killed job (SIGKILL) stays
 RUNNING, and so does its parent, which is the honest answer.
 
+A job that resumes from a checkpoint passes the id of its earlier run as ``resume``: that run is
+reopened (RUNNING again, ``rredcot.attempt`` counted up) and moved under this invocation's parent,
+and the old parent is finished once none of its jobs runs. A run that is gone (deleted, or in another
+store) is replaced by a new one tagged ``rredcot.previous_run``.
+
 A sqlite URL option ``?timeout=60`` is accepted by MLflow 3.17, but it does not help: MLflow sets
 ``PRAGMA busy_timeout = 20000`` on every session, overriding it. We therefore keep the plain URL.
 """
@@ -37,10 +43,11 @@ import random
 import re
 import secrets
 import shlex
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,7 +57,7 @@ import sqlalchemy.exc
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
-from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
+from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
 
 INVOCATION_ENV = "RREDCOT_INVOCATION"
 TAG_PREFIX = "rredcot."
@@ -176,7 +183,27 @@ class JobRun:
         """Log one step of metrics in a single batch (step defaults to 0, as in MLflow).
 
         Non-numeric or non-finite values are skipped with a warning (once per key), not logged."""
+        batch = self._metrics(metrics, step, int(time.time() * 1000))
+        if batch:
+            _retry(self.client.log_batch, self.run_id, metrics=batch)
+
+    def log_steps(self, rows: Sequence[tuple[int, Mapping[str, Any]]], tags: Mapping[str, Any]) -> None:
+        """Log the metrics of several ``(step, metrics)`` rows, then ``tags``, in few store calls.
+
+        The tags go with the last call, after its metrics, so a tag that records what was logged is
+        never set unless all of it is in the store. The converse does not hold: a call is not one
+        transaction (MLflow's SQL store commits a batch's metrics, then its tags, separately), so a
+        kill can leave the metrics in the store without the tag (:meth:`metric_steps` tells)."""
         now = int(time.time() * 1000)
+        batch = [m for step, metrics in rows for m in self._metrics(metrics, step, now)]
+        tag_batch = [RunTag(k, str(v)[:MAX_TAG_VAL_LENGTH]) for k, v in tags.items()]
+        room = MAX_METRICS_PER_BATCH - len(tag_batch)  # MLflow caps the entities of one call
+        while len(batch) > room:
+            _retry(self.client.log_batch, self.run_id, metrics=batch[:room])
+            batch = batch[room:]
+        _retry(self.client.log_batch, self.run_id, metrics=batch, tags=tag_batch)
+
+    def _metrics(self, metrics: Mapping[str, Any], step: int | None, now: int) -> list[Metric]:
         batch = []
         for key, value in metrics.items():
             number = _as_metric(value)
@@ -186,8 +213,12 @@ class JobRun:
                     _log.warning("skipping metric %r=%r (step %s): not a finite number", key, value, step)
                 continue
             batch.append(Metric(metric_name(key), number, now, step or 0))
-        if batch:
-            _retry(self.client.log_batch, self.run_id, metrics=batch)
+        return batch
+
+    def metric_steps(self) -> dict[str, set[int]]:
+        """The steps the run has of each metric (by its MLflow name), as they are in the store."""
+        keys = _retry(self.client.get_run, self.run_id).data.metrics
+        return {k: {m.step for m in _retry(self.client.get_metric_history, self.run_id, k)} for k in keys}
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Log (flattened) params. MLflow params are write-once: re-logging a key needs the same value."""
@@ -266,6 +297,10 @@ def _claim_parent(client: MlflowClient, exp_id: str, invocation: str) -> str:
 def _end(client: MlflowClient, exp_id: str, run_id: str, parent_id: str, status: str) -> None:
     """End the job run, then mark the parent FINISHED unless a sibling is still running."""
     _retry(client.set_terminated, run_id, status)
+    _finish_if_idle(client, exp_id, parent_id)
+
+
+def _finish_if_idle(client: MlflowClient, exp_id: str, parent_id: str) -> None:
     running = _retry(
         client.search_runs,
         [exp_id],
@@ -274,6 +309,30 @@ def _end(client: MlflowClient, exp_id: str, run_id: str, parent_id: str, status:
     )
     if not running:
         _retry(client.set_terminated, parent_id, "FINISHED")
+
+
+def _reopen(client: MlflowClient, exp_id: str, run_id: str, tags: dict[str, str]) -> dict[str, str] | None:
+    """Reopen the run of an earlier attempt of this job under this invocation's parent run.
+
+    Returns the params the run already has, or None when it can't be continued (deleted, or not in
+    this experiment and store)."""
+    try:
+        old = _retry(client.get_run, run_id)
+    except MlflowException as exc:
+        _log.warning("run %s of the earlier attempt can't be reopened: %s", run_id, exc)
+        return None
+    if old.info.lifecycle_stage != "active" or old.info.experiment_id != exp_id:
+        return None
+    before = old.data.tags
+    tags = {**tags, f"{TAG_PREFIX}attempt": str(int(before.get(f"{TAG_PREFIX}attempt", "1")) + 1)}
+    if before.get(f"{TAG_PREFIX}invocation") not in (None, tags[f"{TAG_PREFIX}invocation"]):
+        tags[f"{TAG_PREFIX}previous_invocation"] = before[f"{TAG_PREFIX}invocation"]
+    _retry(client.update_run, run_id, status="RUNNING")  # a killed attempt left it RUNNING or FAILED
+    _retry(client.log_batch, run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    old_parent = before.get(PARENT_TAG)
+    if old_parent and old_parent != tags[PARENT_TAG]:
+        _finish_if_idle(client, exp_id, old_parent)  # the killed invocation may have nothing left running
+    return dict(old.data.params)
 
 
 @contextmanager
@@ -287,11 +346,13 @@ def job_run(
     tags: Mapping[str, Any] | None = None,
     arm: str | None = None,
     seed: int | None = None,
+    resume: str | None = None,
 ) -> Iterator[JobRun]:
     """Run the block as one MLflow run named ``name``, nested under this invocation's parent run.
 
     The run ends FINISHED if the block succeeds, FAILED if it raises (KILLED on Ctrl-C); the exception
     propagates. ``params`` are logged flattened; ``tags`` are added to the ``rredcot.*`` tags.
+    ``resume``: the run id of an earlier attempt of this job, reopened if possible (module docstring).
     """
     uri = tracking_uri(results_dir)
     invocation = invocation_id()
@@ -317,11 +378,17 @@ def job_run(
         **({f"{TAG_PREFIX}seed": str(seed)} if seed is not None else {}),
         **{k: str(v)[:MAX_TAG_VAL_LENGTH] for k, v in (tags or {}).items()},
     }
-    run = JobRun(client, _retry(client.create_run, exp_id, run_name=name, tags=run_tags).info.run_id)
+    known = _reopen(client, exp_id, resume, run_tags) if resume else None
+    if known is not None:
+        run = JobRun(client, resume)
+    else:
+        if resume:
+            run_tags[f"{TAG_PREFIX}previous_run"] = resume
+        run = JobRun(client, _retry(client.create_run, exp_id, run_name=name, tags=run_tags).info.run_id)
     _retry(client.update_run, parent_id, status="RUNNING")  # after our run exists: see _end
     try:
-        if params:
-            run.log_params(params)
+        if params:  # a reopened run keeps the params it has: MLflow params are write-once
+            run.log_params({k: v for k, v in flatten_params(params).items() if k not in (known or {})})
         yield run
     except BaseException as exc:
         try:
@@ -336,6 +403,39 @@ def job_run(
 # ------------------------------------------------------------------------------------------------ CLI
 def _ui_command(uri: str, port: int) -> list[str]:
     return ["mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
+
+
+def _host_name() -> str:
+    """This machine's name as other nodes know it: the FQDN, unless it only resolves to localhost."""
+    fqdn = socket.getfqdn()
+    return socket.gethostname() if fqdn.startswith("localhost") else fqdn
+
+
+def _server_command(args: argparse.Namespace) -> tuple[list[str], str]:
+    """The ``mlflow server`` command line of ``rredcot tracking server`` and the URI jobs should use.
+
+    Defaults keep everything in ``results_dir``, as the local store does: the same ``mlflow.db`` and
+    artifacts under ``mlartifacts/`` (the server proxies them, so jobs need no access to that folder)."""
+    root = Path(args.results_dir).resolve()
+    backend = args.backend_store_uri or f"sqlite:///{root}/mlflow.db"
+    artifacts = args.artifacts_destination or str(root / "mlartifacts")
+    # sqlite serialises writers anyway; more workers would only contend for its lock.
+    workers = args.workers or (1 if backend.startswith("sqlite:") else 4)
+    cmd = ["mlflow", "server", "--backend-store-uri", backend, "--artifacts-destination", artifacts]
+    cmd += ["--serve-artifacts", "--host", args.host, "--port", str(args.port), "--workers", str(workers)]
+    local = args.host in ("127.0.0.1", "localhost", "::1")
+    # Jobs on other nodes reach us by this machine's name: MLflow rejects Host headers it doesn't
+    # know (DNS-rebinding protection; its default allows only localhost and private IPs).
+    name = args.host if args.host not in ("0.0.0.0", "::", "") else _host_name()
+    if args.allowed_hosts:
+        cmd += ["--allowed-hosts", args.allowed_hosts]
+    elif not local:
+        from mlflow.server.security_utils import get_default_allowed_hosts
+
+        names = sorted({socket.gethostname(), socket.getfqdn(), name})
+        allowed = [*get_default_allowed_hosts(), *names, *(f"{n}:*" for n in names)]
+        cmd += ["--allowed-hosts", ",".join(dict.fromkeys(allowed))]
+    return cmd, f"http://{name}:{args.port}"
 
 
 def _print_runs(uri: str, experiment: str | None, invocation: str | None) -> int:
@@ -368,7 +468,7 @@ def _print_runs(uri: str, experiment: str | None, invocation: str | None) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rredcot.tracking {ui,runs} [--results-dir results]``."""
+    """``python -m rredcot.tracking {ui,runs,server} [--results-dir results]``."""
     parser = argparse.ArgumentParser(prog="python -m rredcot.tracking", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     ui = sub.add_parser("ui", help="start the MLflow UI on the tracking store")
@@ -377,9 +477,36 @@ def main(argv: list[str] | None = None) -> int:
     runs = sub.add_parser("runs", help="print a table of runs")
     runs.add_argument("--experiment", help="only this experiment")
     runs.add_argument("--invocation", help="only runs of this invocation id")
-    for p in (ui, runs):
+    server = sub.add_parser(
+        "server",
+        help="run an MLflow tracking server (for jobs on other nodes); prints the URI to export",
+    )
+    server.add_argument("--host", default="127.0.0.1", help="interface; 0.0.0.0 to serve other nodes")
+    server.add_argument("--port", type=int, default=5000)
+    server.add_argument(
+        "--backend-store-uri",
+        help="database (default: sqlite:///<results-dir>/mlflow.db; or postgresql://...)",
+    )
+    server.add_argument("--artifacts-destination", help="artifact root (default: <results-dir>/mlartifacts)")
+    server.add_argument("--workers", type=int, help="server processes (default: 1 for sqlite, else 4)")
+    server.add_argument("--allowed-hosts", help="Host headers to accept (default: this machine's names)")
+    server.add_argument("--print-only", action="store_true", help="only print the command and URI")
+    for p in (ui, runs, server):
         p.add_argument("--results-dir", default="results")
     args = parser.parse_args(argv)
+
+    if args.cmd == "server":
+        cmd, uri = _server_command(args)
+        print(shlex.join(cmd))
+        print(f"export MLFLOW_TRACKING_URI={uri}", flush=True)
+        if args.print_only:
+            return 0
+        Path(args.results_dir).mkdir(parents=True, exist_ok=True)  # for the default sqlite file
+        # MLflow 3 also starts a pool of job-runner processes (GenAI scorers, trace rollups), which
+        # experiment tracking doesn't use: spare the login node them unless asked for.
+        os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+        # Become the server (the mlflow of this interpreter), so that signals reach it directly.
+        os.execv(sys.executable, [sys.executable, "-m", "mlflow", *cmd[1:]])
 
     uri = tracking_uri(args.results_dir)
     if args.cmd == "runs":

@@ -5,12 +5,12 @@ import uuid
 
 import yaml
 
-from rredcot.config import validate
+from rredcot.config import active_arms, validate
 
 # Fails here, before any job runs, naming the bad key.
 config = validate(config)
 R = config["results_dir"]
-ARMS = list(config["arms"])
+ARMS = active_arms(config)
 SEEDS = [int(s) for s in config["seeds"]]
 PY_CONFIG = f"{R}/config.resolved.yaml"
 
@@ -42,8 +42,81 @@ wildcard_constraints:
     seed=r"\d+",
 
 
+SYNTHETIC = config["data"]["kind"] == "synthetic"
+BENCHMARKS = [] if SYNTHETIC else list(config["data"]["benchmarks"])
+TABLE = f"{R}/{config['report']['table']}"
+# The model RL starts from: the SFT warm-up, or a pretrained checkpoint (a hub id or local path that
+# Snakemake does not track) when sft.enabled is false.
+START_MODEL = (
+    f"{R}/models/sft" if config["sft"]["enabled"] else config["model"]["name_or_path"]
+)
+
+
+def start_model_input(wildcards):
+    """The start model as a tracked input: only the SFT output is a file of this workflow."""
+    return [START_MODEL] if config["sft"]["enabled"] else []
+
+
 def model_dir(wildcards):
-    """The model an evaluation reads: the SFT model for `base`, else the trained arm/seed."""
+    """The model an evaluation reads: the start model for `base`, else the trained arm/seed."""
     if wildcards.arm == "base":
-        return f"{R}/models/sft"
+        return start_model_input(wildcards)
+    return [f"{R}/train/{wildcards.arm}/seed{wildcards.seed}/model"]
+
+
+def model_arg(wildcards):
+    """The --model argument of an evaluation (the start model may be a hub id)."""
+    if wildcards.arm == "base":
+        return START_MODEL
     return f"{R}/train/{wildcards.arm}/seed{wildcards.seed}/model"
+
+
+def fetch_name(stem):
+    """Data file stem -> dataset name in the config: rl = train, test = heldout, bench/NAME = NAME."""
+    return {"rl": "train", "test": "heldout"}.get(stem, stem.removeprefix("bench/"))
+
+
+def fetch_spec(stem):
+    """What a fetched file is made of (a param, so that changing it refetches)."""
+    data, name = config["data"], fetch_name(stem)
+    spec = {"train": data.get("train"), "heldout": data.get("heldout")}.get(name)
+    return {
+        "spec": spec or data["benchmarks"].get(name),
+        "max_rows": data["max_rows"].get(name),
+    }
+
+
+def eval_data(wildcards):
+    """What an evaluation reads: the synthetic test split, or one file per configured benchmark."""
+    if SYNTHETIC:
+        return [f"{R}/data/test.jsonl"]
+    return [f"{R}/data/bench/{b}.jsonl" for b in BENCHMARKS]
+
+
+# The analyses (studies.smk): where their files go, and which inputs they read.
+STUDY = f"{R}/studies"
+FIG = f"{R}/figures"
+S = config["studies"]
+STUDY_FIGURES = [
+    f"{FIG}/{name}.{ext}"
+    for name in (
+        "fig3_truncation",
+        "fig4_attribution_correlation",
+        "fig5_prm_vs_nll",
+        "fig6_prm_vs_rredcot",
+        "fig7_mc_variance",
+    )
+    for ext in ("png", "pdf")
+]
+
+
+def study_data(wildcards):
+    """Problems the study traces are drawn from: held-out ones, or the RL split for PRM training."""
+    if wildcards.set == "prm":
+        return [f"{R}/data/rl.clean.jsonl"]
+    return eval_data(wildcards)
+
+
+def prm_model(wildcards):
+    """The PRM: trained here (kind local) or a hub checkpoint that Snakemake does not track."""
+    return [f"{STUDY}/prm/model"] if S["prm"]["kind"] == "local" else []

@@ -1,34 +1,61 @@
-rule data:
-    output:
-        sft=f"{R}/data/sft.jsonl",
-        rl=f"{R}/data/rl.jsonl",
-        test=f"{R}/data/test.jsonl",
-    params:
-        cfg=PY_CONFIG,
-        section=config["data"],
-        out_dir=lambda wildcards, output: Path(output.sft).parent,
-    log:
-        f"{R}/logs/data.log",
-    conda:
-        "../../envs/rredcot.yaml"
-    shell:
-        "rredcot data --config {params.cfg} --out-dir {params.out_dir} > {log} 2>&1"
+# Training and evaluation data. The synthetic task writes all three splits in one job; real datasets
+# (data.kind: datasets) are fetched one file each: rl = data.train, test = data.heldout and
+# bench/NAME = data.benchmarks.NAME.
+if SYNTHETIC:
+
+    rule data:
+        output:
+            sft=f"{R}/data/sft.jsonl",
+            rl=f"{R}/data/rl.jsonl",
+            test=f"{R}/data/test.jsonl",
+        log:
+            f"{R}/logs/data.log",
+        conda:
+            "../../envs/rredcot.yaml"
+        params:
+            cfg=PY_CONFIG,
+            section={k: config["data"][k] for k in ("kind", "synthetic")},
+            out_dir=lambda wildcards, output: Path(output.sft).parent,
+        shell:
+            "rredcot data --config {params.cfg} --out-dir {params.out_dir} > {log} 2>&1"
+
+else:
+
+    rule fetch:
+        output:
+            f"{R}/data/{{dataset}}.jsonl",
+        log:
+            f"{R}/logs/fetch/{{dataset}}.log",
+        wildcard_constraints:
+            dataset="rl|test|bench/[A-Za-z0-9_.-]+",
+        conda:
+            "../../envs/rredcot.yaml"
+        params:
+            cfg=PY_CONFIG,
+            name=lambda wc: fetch_name(wc.dataset),
+            spec=lambda wc: fetch_spec(wc.dataset),
+        shell:
+            "rredcot fetch --config {params.cfg} --dataset {params.name} --out {output} > {log} 2>&1"
 
 
 rule clean:
     input:
-        f"{R}/data/rl.jsonl",
+        data=f"{R}/data/rl.jsonl",
+        eval_sets=lambda wc: [] if SYNTHETIC else eval_data(wc),
     output:
         clean=f"{R}/data/rl.clean.jsonl",
         flags=f"{R}/clean/rl.flags.jsonl",
         report=f"{R}/clean/report.json",
-    params:
-        cfg=PY_CONFIG,
-        section=config["clean"],
     log:
         f"{R}/logs/clean.log",
     conda:
         "../../envs/rredcot.yaml"
+    params:
+        cfg=PY_CONFIG,
+        section=config["clean"],
+        eval_flag=lambda wc, input: (
+            f"--eval-sets {' '.join(input.eval_sets)}" if input.eval_sets else ""
+        ),
     shell:
-        "rredcot clean {input} --out {output.clean} --flags {output.flags}"
-        " --report {output.report} --config {params.cfg} > {log} 2>&1"
+        "rredcot clean {input.data} --out {output.clean} --flags {output.flags}"
+        " --report {output.report} --config {params.cfg} {params.eval_flag} > {log} 2>&1"

@@ -1,19 +1,61 @@
 rule report:
     input:
         summaries=expand(
-            f"{R}/eval/{{arm}}/seed{{seed}}.summary.json", arm=["base", *ARMS], seed=SEEDS
+            f"{R}/eval/{{arm}}/seed{{seed}}.summary.json",
+            arm=["base", *ARMS],
+            seed=SEEDS,
         ),
         curves=expand(f"{R}/train/{{arm}}/seed{{seed}}/curve.csv", arm=ARMS, seed=SEEDS),
     output:
-        table=f"{R}/table1.csv",
-        png=f"{R}/figures/learning_curve.png",
+        table=report(TABLE, caption="../report/table.rst", category="Tables"),
+        png=report(
+            f"{R}/figures/learning_curve.png",
+            caption="../report/curves.rst",
+            category="Training",
+        ),
         pdf=f"{R}/figures/learning_curve.pdf",
-    params:
-        cfg=PY_CONFIG,
     log:
         f"{R}/logs/report.log",
     conda:
         "../../envs/rredcot.yaml"
+    params:
+        cfg=PY_CONFIG,
     shell:
         "rredcot report --config {params.cfg} --summaries {input.summaries}"
         " --curves {input.curves} --table {output.table} --figure {output.png} > {log} 2>&1"
+
+
+# table2 (base vs GRPO- vs RREDCoT-trained, with the paper's quoted values apart) and the cost of each
+# credit method and study. Costs are read from the jobs' benchmark files, so this runs last.
+rule tables:
+    input:
+        summaries=expand(
+            f"{R}/eval/{{arm}}/seed{{seed}}.summary.json",
+            arm=["base", *ARMS],
+            seed=SEEDS,
+        ),
+        curves=expand(f"{R}/train/{{arm}}/seed{{seed}}/curve.csv", arm=ARMS, seed=SEEDS),
+        studies=STUDY_FIGURES,
+    output:
+        table2=report(
+            f"{R}/table2.csv", caption="../report/table2.rst", category="Tables"
+        ),
+        cost=report(f"{R}/cost.csv", caption="../report/cost.rst", category="Tables"),
+    log:
+        f"{R}/logs/tables.log",
+    conda:
+        "../../envs/rredcot.yaml"
+    params:
+        cfg=PY_CONFIG,
+        report=config["report"],
+        benchmarks=lambda wc, input: Path(input.curves[0]).parents[3] / "benchmarks",
+        train=lambda wc, input: Path(input.curves[0]).parents[2],
+        bench=lambda wc: (
+            f"--bench {R}/bench/credit.json"
+            if Path(f"{R}/bench/credit.json").is_file()
+            else ""
+        ),
+    shell:
+        "rredcot tables --config {params.cfg} --summaries {input.summaries}"
+        " --table2 {output.table2} --cost {output.cost} --benchmarks-dir {params.benchmarks}"
+        " --train-dir {params.train} {params.bench} > {log} 2>&1"

@@ -1,25 +1,29 @@
 rule train:
     input:
-        model=f"{R}/models/sft",
+        model=start_model_input,
         data=f"{R}/data/rl.clean.jsonl",
         heldout=f"{R}/data/test.jsonl",
     output:
         model=directory(f"{R}/train/{{arm}}/seed{{seed}}/model"),
         curve=f"{R}/train/{{arm}}/seed{{seed}}/curve.csv",
-    params:
-        cfg=PY_CONFIG,
-        arm=lambda wc: config["arms"][wc.arm],
-        rl=config["rl"],
-        credit=config["credit"],
-        out=lambda wc: f"{R}/train/{wc.arm}/seed{wc.seed}",
-    threads: config["threads"]["train"]
     log:
         f"{R}/logs/train/{{arm}}/seed{{seed}}.log",
     benchmark:
         f"{R}/benchmarks/train/{{arm}}/seed{{seed}}.tsv"
     conda:
         "../../envs/rredcot.yaml"
+    threads: config["threads"]["train"]
+    params:
+        cfg=PY_CONFIG,
+        model=START_MODEL,
+        arm=lambda wc: config["arms"][wc.arm],
+        # Checkpoint settings don't change the outputs: changing them must not rerun finished jobs.
+        rl={k: v for k, v in config["rl"].items() if k not in ("save_every", "resume")},
+        credit=config["credit"],
+        out=lambda wc: f"{R}/train/{wc.arm}/seed{wc.seed}",
+        # Not an output: Snakemake deletes a failed job's outputs, and a rerun resumes from these.
+        checkpoints=lambda wc: f"{R}/checkpoints/train/{wc.arm}/seed{wc.seed}",
     shell:
         "rredcot train --config {params.cfg} --arm {wildcards.arm} --seed {wildcards.seed}"
-        " --model {input.model} --data {input.data} --eval-data {input.heldout}"
-        " --out {params.out} > {log} 2>&1"
+        " --model {params.model} --data {input.data} --eval-data {input.heldout}"
+        " --out {params.out} --checkpoint-dir {params.checkpoints} > {log} 2>&1"

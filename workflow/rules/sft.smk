@@ -3,16 +3,24 @@ rule sft:
         f"{R}/data/sft.jsonl",
     output:
         directory(f"{R}/models/sft"),
-    params:
-        cfg=PY_CONFIG,
-        model=config["model"],
-        sft=config["sft"],
-    threads: config["threads"]["sft"]
     log:
         f"{R}/logs/sft.log",
     benchmark:
         f"{R}/benchmarks/sft.tsv"
     conda:
         "../../envs/rredcot.yaml"
+    threads: config["threads"]["sft"]
+    params:
+        cfg=PY_CONFIG,
+        model=config["model"],
+        # Checkpoint settings don't change the output: changing them must not rerun a finished job.
+        sft={
+            k: v
+            for k, v in config["sft"].items()
+            if k not in ("save_every", "resume", "enabled")
+        },
+        # Not an output: Snakemake deletes a failed job's outputs, and a rerun resumes from these.
+        checkpoints=f"{R}/checkpoints/sft",
     shell:
-        "rredcot sft --config {params.cfg} --data {input} --out {output} > {log} 2>&1"
+        "rredcot sft --config {params.cfg} --data {input} --out {output}"
+        " --checkpoint-dir {params.checkpoints} > {log} 2>&1"

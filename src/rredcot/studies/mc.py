@@ -1,0 +1,239 @@
+"""Monte Carlo values at the exit points of study traces: the unbiased baseline RREDCoT approximates.
+
+    rredcot study-mc --config C --model DIR --traces traces.jsonl --out mc.jsonl \\
+        --samples 20 --max-new-tokens 160 --seed 0 [--temperature 1.0 --top-p 1.0 --backend hf]
+
+For every trace and every exit point ``c`` (its ``cuts``), M continuations of ``prompt ⊕ completion[:c]``
+are sampled with a generous budget B: the model keeps thinking, then answers. Each is graded with
+math-verify (the text graded is ``completion[:c]`` plus the continuation, as evaluation grades a
+completion), and the MC value is their mean correctness. Every sample has its own seed, derived from
+``--seed``, the trace id, the exit index and the sample index, so a point's rollouts do not depend on
+the rest of the run.
+
+Truncation (Figure 3) is read from the same generations: ``answer_token`` is the number of generated
+tokens after which the final answer (the last ``\\boxed{}`` after the exit string, the one graded at
+B) is complete. Truncated at T, a rollout is *lost* when ``answer_token`` is null or > T; a lost
+rollout with ``correct`` true would have been correct had it been continued (known up to B).
+
+One JSON line per (trace, exit point):
+
+    trace_id, problem_id, benchmark, level, exit_index, n_exits, cut (completion tokens before the exit),
+    n_tokens_prefix (prompt + cut), model, samples, max_new_tokens, temperature, top_p, seed,
+    rollouts: [{n_tokens, truncated, answer (extracted or null), correct, answer_token}, ...],
+    mc_value (mean correctness at B), n_answered (answer within B)
+
+Compute (rollouts, generated tokens, wall time, device) is logged to MLflow and, with ``--stats``,
+written as JSON for the captions of Figure 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from rredcot.config import load_config
+from rredcot.generation import VLLMOptions
+from rredcot.grading import _BOX_COMMANDS, answers_equivalent, extract_boxed, final_part
+from rredcot.jsonl import read_jsonl, write_json, write_jsonl
+from rredcot.modeling import load_tokenizer, set_threads
+from rredcot.studies.sampling import Rollout, device_name, make_sampler, sample_seed
+
+
+def answer_end(text: str, exit_string: str | None) -> int | None:
+    """Character index just past the closing brace of the answer that grading reads, or None.
+
+    That answer is the last ``\\boxed{}`` after the exit string (:func:`rredcot.grading.extract_answer`);
+    no box opens after it, so once its brace is written the graded answer can no longer change.
+    """
+    part = final_part(text, exit_string)
+    content = extract_boxed(part)
+    if content is None:
+        return None
+    command = max(part.rfind(c + "{") for c in _BOX_COMMANDS)
+    start = part.index("{", command) + 1
+    return len(text) - len(part) + start + len(content) + 1
+
+
+def answer_token(
+    prefix_text: str, token_ids: Sequence[int], decode: Callable[[list[int]], str], exit_string: str | None
+) -> int | None:
+    """Generated tokens after which the graded answer of ``prefix_text + decode(token_ids)`` is complete.
+
+    0 when the answer already stands in the prefix; None when there is none. Binary search over the
+    decoded length of the first t tokens (monotone in t), so a rollout costs O(log n) decodes.
+    """
+    end = answer_end(prefix_text + decode(list(token_ids)), exit_string)
+    if end is None:
+        return None
+    need = end - len(prefix_text)
+    if need <= 0:
+        return 0
+    lo, hi = 1, len(token_ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(decode(list(token_ids[:mid]))) >= need:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def rollout_record(
+    prefix_text: str,
+    rollout: Rollout,
+    gold: str,
+    decode: Callable[[list[int]], str],
+    exit_string: str | None,
+    keep_text: bool = False,
+) -> dict[str, Any]:
+    """Grade one continuation and find where its answer is complete."""
+    text = prefix_text + rollout.text
+    end = answer_end(text, exit_string)
+    answer = None if end is None else extract_boxed(final_part(text, exit_string))
+    record = {
+        "n_tokens": len(rollout.token_ids),
+        "truncated": rollout.truncated,
+        "answer": answer,
+        "correct": answer is not None and answers_equivalent(gold, answer),
+        "answer_token": None
+        if end is None
+        else answer_token(prefix_text, rollout.token_ids, decode, exit_string),
+    }
+    if keep_text:
+        record["text"] = rollout.text
+    return record
+
+
+def exit_points(traces: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], int, int]]:
+    """(trace, exit index, cut) for every exit point of every trace, in file order."""
+    return [(t, i, int(c)) for t in traces for i, c in enumerate(t["cuts"])]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from rredcot.tracking import stage_run
+
+    ap = argparse.ArgumentParser(
+        prog="rredcot study-mc", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s): prompt, MLflow")
+    ap.add_argument("--model", required=True, help="model directory (the policy that wrote the traces)")
+    ap.add_argument("--traces", required=True, help="study traces (rredcot study-traces)")
+    ap.add_argument("--out", required=True, help="Monte Carlo records (JSONL)")
+    ap.add_argument("--samples", type=int, required=True, help="M: continuations per exit point")
+    ap.add_argument("--max-new-tokens", type=int, required=True, help="B: token budget of a continuation")
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--limit", type=int, help="only the first N traces")
+    ap.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    ap.add_argument("--batch-size", type=int, default=160, help="rows per transformers generate batch")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--dtype", help="model dtype on a GPU (default: model.dtype, vLLM: auto; CPU: float32)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM only")
+    ap.add_argument("--max-model-len", type=int, help="vLLM only: prompt + completion tokens")
+    ap.add_argument("--keep-text", action="store_true", help="keep each continuation's text")
+    ap.add_argument("--stats", help="also write the compute (rollouts, tokens, seconds, device) as JSON")
+    args = ap.parse_args(argv)
+
+    cfg = load_config(args.config)
+    set_threads(args.threads)
+    exit_string = cfg["prompt"]["exit_string"]
+    traces = read_jsonl(args.traces)[: args.limit]
+    points = exit_points(traces)
+    m = args.samples
+    params = {k: v for k, v in vars(args).items() if k != "config"} | {"points": len(points)}
+    with stage_run(cfg, f"study-mc-s{args.seed}", rule="study_mc", seed=args.seed, params=params) as run:
+        t0 = time.time()
+        tok = load_tokenizer(args.model)
+        options = VLLMOptions(args.dtype or "auto", args.gpu_memory_utilization, 1, args.max_model_len)
+        dtype = args.dtype or cfg["model"].get("dtype", "float32")
+        sampler = make_sampler(
+            args.backend, args.model, tok, dtype=dtype, batch_size=args.batch_size, options=options
+        )
+        t_load = time.time() - t0
+        prefixes, seeds = [], []
+        for t, i, cut in points:
+            prefixes += [t["prompt_ids"] + t["completion_ids"][:cut]] * m
+            seeds += [sample_seed(args.seed, t["trace_id"], i, j) for j in range(m)]
+        print(
+            f"[study-mc] {len(traces)} traces, {len(points)} exit points, {len(seeds)} rollouts", flush=True
+        )
+        rollouts = sampler.sample(
+            prefixes,
+            seeds,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens,
+        )
+        t_sample = time.time() - t0 - t_load
+
+        def decode(ids: list[int]) -> str:
+            return tok.decode(ids, skip_special_tokens=True)
+
+        records = []
+        for k, (t, i, cut) in enumerate(tqdm(points, desc="grade", unit="point")):
+            prefix_text = decode(t["completion_ids"][:cut])
+            rows = [
+                rollout_record(prefix_text, r, str(t["answer"]), decode, exit_string, args.keep_text)
+                for r in rollouts[k * m : (k + 1) * m]
+            ]
+            records.append(
+                {
+                    "trace_id": t["trace_id"],
+                    "problem_id": t.get("problem_id"),
+                    "benchmark": t.get("benchmark"),
+                    "level": t.get("level"),
+                    "exit_index": i,
+                    "n_exits": len(t["cuts"]),
+                    "cut": cut,
+                    "n_tokens_prefix": len(t["prompt_ids"]) + cut,
+                    "model": args.model,
+                    "samples": m,
+                    "max_new_tokens": args.max_new_tokens,
+                    "temperature": args.temperature,
+                    "top_p": args.top_p,
+                    "seed": args.seed,
+                    "rollouts": rows,
+                    "mc_value": sum(r["correct"] for r in rows) / max(m, 1),
+                    "n_answered": sum(r["answer_token"] is not None for r in rows),
+                }
+            )
+        write_jsonl(args.out, records)
+        wall = time.time() - t0
+        n_points, n_rollouts = max(len(records), 1), max(len(rollouts), 1)
+        generated = sum(len(r.token_ids) for r in rollouts)
+        stats = {
+            "traces": len(traces),
+            "points": len(records),
+            "rollouts": len(rollouts),
+            "generated_tokens": generated,
+            "load_seconds": t_load,
+            "sample_seconds": t_sample,
+            "grade_seconds": wall - t_load - t_sample,
+            "wall_seconds": wall,
+            "seconds_per_point": t_sample / n_points,
+            "tokens_per_point": generated / n_points,
+            "tokens_per_second": generated / max(t_sample, 1e-9),
+            "mean_mc_value": sum(r["mc_value"] for r in records) / n_points,
+            "lost_at_budget": sum(m - r["n_answered"] for r in records) / n_rollouts,
+        }
+        run.log_metrics(stats)
+        run.set_tags({"rredcot.device": device_name(), "rredcot.backend": args.backend})
+        if args.stats:
+            write_json(args.stats, stats | {"device": device_name(), "backend": args.backend})
+            run.log_artifact(args.stats)
+        run.log_artifact(args.out)
+        t_grade = wall - t_load - t_sample
+        print(
+            f"[study-mc] {len(records)} points x {m} rollouts: {generated} tokens in {t_sample:.1f}s "
+            f"({t_sample / n_points:.2f}s per point), graded in {t_grade:.1f}s -> {args.out}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

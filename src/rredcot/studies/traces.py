@@ -1,0 +1,235 @@
+"""Study traces: one sampled completion per problem, graded, with its RREDCoT credit.
+
+    rredcot study-traces --config C --model DIR --data test.jsonl [more.jsonl ...] --out traces.jsonl \\
+        --n-traces 48 --seed 0 [--temperature 1.0 --top-p 1.0 --max-new-tokens 192]
+
+Problems are drawn deterministically from ``--seed``, in turn from every (benchmark, level) stratum so
+that easy and hard problems are both represented. Each completion is sampled with the config's
+``prompt`` section (its own seed is derived from ``--seed`` and the problem id) and graded with
+math-verify. Its credit is computed by :class:`rredcot.assign.CreditAssigner` with the ``rredcot``
+method, the config's ``credit`` settings and the model itself as value model; the advantage is +1 for
+a correct completion and -1 for a wrong one, so σ says where the credit or the blame goes.
+
+One JSON line per trace (the shared input of every study; all token indices are into the completion):
+
+    trace_id, problem_id, source, benchmark, level, prompt, answer (gold), reference (solution or ""),
+    prompt_ids, completion_ids, tokens (text of each completion token), completion (text), pred,
+    correct, truncated, exit_token (where the model's own exit string starts, or null), advantage,
+    method, mix, model (the --model path), seed, temperature, top_p,
+    segment_starts   the thinking segments, then the answer segment when the model exits
+    cuts             the exit points: segment starts of the thinking part, then the model's own exit
+                     (or the end of the trace when it never exits); len(cuts) = len(log_values)
+    log_values       log v̂ at each cut; thought_nll, answer_nll: -log p(u_ref|s), -log p(y_ref|u_ref,s)
+    answer_reward    r̂ of the answer segment (null without one)
+    segment_rewards  r̂ per segment: the log-value differences, then answer_reward when present
+    sigma, entropies per completion token (σ sums to 1)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from rredcot import credit as C
+from rredcot.assign import CreditAssigner, CreditConfig, TraceCredit, TraceInput, credit_record
+from rredcot.config import load_config
+from rredcot.data import reference_solution
+from rredcot.evaluate import benchmark_of, load_benchmarks
+from rredcot.generation import build_prompt
+from rredcot.grading import answers_equivalent, extract_answer
+from rredcot.jsonl import write_jsonl
+from rredcot.modeling import load_model, load_tokenizer, set_threads
+from rredcot.segmentation import thinking_end
+from rredcot.studies.sampling import HFPrefixSampler, Rollout, sample_seed
+
+
+def sample_problems(rows: Sequence[Mapping[str, Any]], n: int, seed: int) -> list[Mapping[str, Any]]:
+    """``n`` rows, deterministic in ``seed``, taken in turn from each (source, level) stratum.
+
+    Strata are visited in sorted order, each shuffled by its own seeded stream, so a stratum's picks do
+    not depend on the others; a stratum that runs out is skipped.
+    """
+    strata: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        strata[(str(row.get("source") or ""), str(row.get("level") or ""))].append(row)
+    queues = []
+    for key in sorted(strata):
+        members = sorted(strata[key], key=lambda r: str(r["id"]))
+        random.Random(sample_seed(seed, *key)).shuffle(members)
+        queues.append(members)
+    picked: list[Mapping[str, Any]] = []
+    depth = 0
+    while len(picked) < n and any(depth < len(q) for q in queues):
+        picked += [q[depth] for q in queues if depth < len(q)][: n - len(picked)]
+        depth += 1
+    return picked
+
+
+def rredcot_credit(cfg: Mapping[str, Any], arm: str | None = None) -> CreditConfig:
+    """The config's credit settings with the ``rredcot`` method (an arm's options when one is named)."""
+    from rredcot.train import credit_config  # imports TRL: only when a trace file is made
+
+    if arm is None:
+        arm = next((a for a, spec in cfg["arms"].items() if spec["credit"] == "rredcot"), None)
+        arm = arm or next(iter(cfg["arms"]))
+    return dataclasses.replace(credit_config(cfg, arm), method="rredcot")
+
+
+def trace_record(
+    row: Mapping[str, Any],
+    index: int,
+    prompt: str,
+    prompt_ids: list[int],
+    rollout: Rollout,
+    pred: str | None,
+    assigner: CreditAssigner,
+    credit: TraceCredit,
+) -> dict[str, Any]:
+    """The JSON line of one trace (see the module docstring); ``pred`` is its extracted answer."""
+    gold = str(row["answer"])
+    advantage = 1.0 if pred is not None and answers_equivalent(gold, pred) else -1.0
+    tokens = assigner.token_texts(rollout.token_ids)
+    base = credit_record(tokens, credit, assigner.cfg.method, None, f"t{index:05d}", prompt, gold, advantage)
+    rewards = C.segment_rewards(credit.log_values).tolist() if credit.log_values.numel() else []
+    if credit.answer_reward is not None:
+        rewards.append(credit.answer_reward)
+    return {
+        "trace_id": base["trace_id"],
+        "problem_id": str(row["id"]),
+        "source": str(row.get("source") or ""),
+        "benchmark": benchmark_of(row),
+        "level": row.get("level"),
+        "prompt": prompt,
+        "answer": gold,
+        "reference": reference_solution(row.get("solution")) or "",
+        "prompt_ids": prompt_ids,
+        "completion_ids": rollout.token_ids,
+        "tokens": tokens,
+        "completion": rollout.text,
+        "pred": pred,
+        "correct": advantage > 0,
+        "truncated": rollout.truncated,
+        "exit_token": thinking_end(tokens, assigner.cfg.exit_string),
+        "advantage": advantage,
+        "method": base["method"],
+        "mix": assigner.cfg.mix,
+        "segment_starts": base["segment_starts"],
+        "cuts": base["cuts"],
+        "log_values": base["log_values"],
+        "thought_nll": base["thought_nll"],
+        "answer_nll": base["answer_nll"],
+        "answer_reward": base["answer_reward"],
+        "segment_rewards": [float(r) for r in rewards],
+        "sigma": base["sigma"],
+        "entropies": base["entropies"],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from rredcot.tracking import stage_run
+
+    ap = argparse.ArgumentParser(
+        prog="rredcot study-traces", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s): prompt, credit, MLflow")
+    ap.add_argument("--model", required=True, help="model directory (policy and value model)")
+    ap.add_argument("--data", nargs="+", required=True, help="problem JSONL file(s), one benchmark each")
+    ap.add_argument("--out", required=True, help="trace file (JSONL)")
+    ap.add_argument("--n-traces", type=int, required=True, help="number of problems (one trace each)")
+    ap.add_argument("--seed", type=int, required=True, help="problem choice and sampling seed")
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--max-new-tokens", type=int, default=192, help="length limit of a trace")
+    ap.add_argument("--arm", help="arm whose credit options to use (method is always rredcot)")
+    ap.add_argument("--batch-size", type=int, default=64, help="sequences per generation batch")
+    ap.add_argument("--credit-batch", type=int, default=16, help="traces per credit-assignment call")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--dtype", help="model dtype on a GPU (default: model.dtype; always float32 on a CPU)")
+    args = ap.parse_args(argv)
+
+    cfg = load_config(args.config)
+    set_threads(args.threads)
+    credit_cfg = rredcot_credit(cfg, args.arm)
+    rows = sample_problems(load_benchmarks(args.data, None), args.n_traces, args.seed)
+    params = {k: v for k, v in vars(args).items() if k != "config"} | {
+        "credit": dataclasses.asdict(credit_cfg)
+    }
+    with stage_run(
+        cfg, f"study-traces-s{args.seed}", rule="study_traces", seed=args.seed, params=params
+    ) as run:
+        t0 = time.time()
+        tok = load_tokenizer(args.model)
+        model = load_model(args.model, args.dtype or cfg["model"].get("dtype", "float32")).eval()
+        if torch.cuda.is_available():
+            model = model.to("cuda")
+        assigner = CreditAssigner(tok, credit_cfg)
+        prompts = [build_prompt(cfg["prompt"], r["problem"], tok) for r in rows]
+        prompt_ids = [assigner.encode(p) for p in prompts]
+        sampler = HFPrefixSampler(model, tok, batch_size=args.batch_size)
+        rollouts = sampler.sample(
+            prompt_ids,
+            [sample_seed(args.seed, "trace", r["id"]) for r in rows],
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens,
+        )
+        t_gen = time.time() - t0
+        exit_string = cfg["prompt"]["exit_string"]
+        records = []
+        with torch.inference_mode():
+            for start in tqdm(range(0, len(rows), args.credit_batch), desc="credit", unit="batch"):
+                part = range(start, min(start + args.credit_batch, len(rows)))
+                preds = [extract_answer(rollouts[i].text, exit_string) for i in part]
+                items = []
+                for i, pred in zip(part, preds, strict=True):
+                    right = pred is not None and answers_equivalent(str(rows[i]["answer"]), pred)
+                    pair = (reference_solution(rows[i].get("solution")) or "", str(rows[i]["answer"]))
+                    items.append(
+                        TraceInput(prompt_ids[i], rollouts[i].token_ids, 1.0 if right else -1.0, [pair])
+                    )
+                credits = assigner.assign(model, items)
+                for i, pred, tc in zip(part, preds, credits, strict=True):
+                    extra = {
+                        "model": args.model,
+                        "seed": args.seed,
+                        "temperature": args.temperature,
+                        "top_p": args.top_p,
+                    }
+                    records.append(
+                        trace_record(rows[i], i, prompts[i], prompt_ids[i], rollouts[i], pred, assigner, tc)
+                        | extra
+                    )
+        write_jsonl(args.out, records)
+        wall = time.time() - t0
+        n = max(len(records), 1)
+        run.log_metrics(
+            {
+                "traces": len(records),
+                "accuracy": sum(r["correct"] for r in records) / n,
+                "mean_tokens": sum(len(r["completion_ids"]) for r in records) / n,
+                "mean_exit_points": sum(len(r["cuts"]) for r in records) / n,
+                "exited": sum(r["exit_token"] is not None for r in records) / n,
+                "generate_seconds": t_gen,
+                "credit_seconds": wall - t_gen,
+                "wall_seconds": wall,
+            }
+        )
+        run.log_artifact(args.out)
+        print(
+            f"[study-traces] {len(records)} traces, accuracy {sum(r['correct'] for r in records) / n:.3f}, "
+            f"{sum(len(r['cuts']) for r in records) / n:.1f} exit points per trace; "
+            f"generation {t_gen:.1f}s, credit {wall - t_gen:.1f}s -> {args.out}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

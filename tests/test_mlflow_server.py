@@ -1,0 +1,162 @@
+"""``rredcot tracking server`` as jobs on a cluster use it: a real ``mlflow server`` (sqlite backend,
+proxied artifacts) that several job processes log to at once through the project's tracking API."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from rredcot.tracking import main
+
+JOBS, RUNS_PER_JOB, STEPS = 4, 3, 10
+# One job process: several runs, each with params, a metric history and an artifact. It knows the
+# server only from MLFLOW_TRACKING_URI. Started while the server boots, it waits for it (as a SLURM job
+# would not need to): that overlaps the imports of all processes.
+WORKER = """
+import os, sys, time, urllib.request
+from pathlib import Path
+from rredcot.tracking import job_run
+
+scratch, job = Path(sys.argv[1]), int(sys.argv[2])
+deadline = time.monotonic() + 60
+while True:
+    try:
+        urllib.request.urlopen(os.environ["MLFLOW_TRACKING_URI"] + "/health", timeout=2).close()
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.25)
+for k in range(RUNS_PER_JOB):
+    with job_run(f"job{job}-run{k}", results_dir=scratch, experiment="server-test", rule="train",
+                 arm=f"arm{job}", seed=k, params={"lr": 0.01 * job, "opt": {"k": k}}) as run:
+        for step in range(STEPS):
+            run.log_metrics({"loss": 1.0 / (step + 1), "job": job}, step=step)
+        out = scratch / f"job{job}-run{k}.txt"
+        out.write_text(f"{job}/{k}")
+        run.log_artifact(out, "outputs")
+""".replace("RUNS_PER_JOB", str(RUNS_PER_JOB)).replace("STEPS", str(STEPS))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_print_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    results = tmp_path / "results"
+    assert main(["server", "--results-dir", str(results), "--port", "5123", "--print-only"]) == 0
+    out = capsys.readouterr().out
+    assert f"--backend-store-uri sqlite:///{results.resolve()}/mlflow.db" in out
+    assert f"--artifacts-destination {results.resolve()}/mlartifacts --serve-artifacts" in out
+    assert "--allowed-hosts" not in out  # loopback only: MLflow's defaults suffice
+    assert out.splitlines()[-1] == "export MLFLOW_TRACKING_URI=http://127.0.0.1:5123"
+    assert not results.exists()  # printing creates nothing
+
+    # Serving other nodes: they call us by name, which the server must accept as a Host header.
+    main(["server", "--host", "0.0.0.0", "--port", "5123", "--print-only", "--results-dir", str(results)])
+    out = capsys.readouterr().out
+    uri = re.search(r"^export MLFLOW_TRACKING_URI=http://(\S+):5123$", out, re.M)
+    assert uri and uri.group(1) not in ("0.0.0.0", "localhost")
+    assert f"{uri.group(1)}:*" in out.split("--allowed-hosts", 1)[1]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A tracking server started with `rredcot tracking server` (perhaps still booting); its URI and
+    results dir. Stopped, with all its processes, at the end."""
+    results = tmp_path / "results"
+    log_path = tmp_path / "server.log"
+    rredcot = Path(sys.executable).parent / "rredcot"
+    cmd = [rredcot, "tracking", "server", "--results-dir", results, "--port", str(free_port())]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # one process group: stopping it stops the server's workers too
+        )
+    try:
+        deadline = time.monotonic() + 30
+        # Printed before the server starts (it then runs the migrations of a fresh database).
+        while not (uri := re.search(r"^export MLFLOW_TRACKING_URI=(\S+)$", log_path.read_text(), re.M)):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"no URI printed:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.1)
+        yield uri.group(1), results
+        with urllib.request.urlopen(f"{uri.group(1)}/health", timeout=5) as response:
+            assert response.status == 200, log_path.read_text()[-3000:]  # still up after the load
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_concurrent_jobs_log_to_server(server: tuple[str, Path], tmp_path: Path) -> None:
+    uri, results = server
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "RREDCOT_INVOCATION": "inv-server"}
+    scratch = tmp_path / "job-scratch"  # the jobs' results_dir: must stay without a local store
+    scratch.mkdir()
+    start = time.monotonic()
+    jobs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(scratch), str(j)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for j in range(JOBS)
+    ]
+    try:
+        outputs = [job.communicate(timeout=90)[0] for job in jobs]
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+    for job, out in zip(jobs, outputs, strict=True):
+        assert job.returncode == 0, out + (tmp_path / "server.log").read_text()[-3000:]
+    print(f"server boot + {JOBS} jobs x {RUNS_PER_JOB} runs: {time.monotonic() - start:.1f}s")
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("server-test")
+    where = "tags.`rredcot.invocation` = 'inv-server' and tags.`rredcot.kind` = "
+    parents = client.search_runs([exp.experiment_id], where + "'invocation'")
+    runs = client.search_runs([exp.experiment_id], where + "'job'", max_results=100)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    expected = sorted(f"job{j}-run{k}" for j in range(JOBS) for k in range(RUNS_PER_JOB))
+    assert sorted(r.info.run_name for r in runs) == expected
+    for run in runs:
+        j, k = map(int, re.fullmatch(r"job(\d+)-run(\d+)", run.info.run_name).groups())
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert run.data.params == {"lr": str(0.01 * j), "opt.k": str(k)}
+        history = client.get_metric_history(run.info.run_id, "loss")
+        assert sorted(m.step for m in history) == list(range(STEPS))
+        assert run.data.metrics["job"] == j
+        # The artifact went through the server (proxied) into the server's artifact root.
+        assert [a.path for a in client.list_artifacts(run.info.run_id, "outputs")] == [
+            f"outputs/{run.info.run_name}.txt"
+        ]
+    local = client.download_artifacts(runs[0].info.run_id, "outputs", str(tmp_path))
+    assert (Path(local) / f"{runs[0].info.run_name}.txt").read_text().count("/") == 1
+    stored = sorted(p.name for p in (results / "mlartifacts").rglob("job*-run*.txt"))
+    assert stored == [f"{name}.txt" for name in expected]
+    assert (results / "mlflow.db").exists() and not (scratch / "mlflow.db").exists()

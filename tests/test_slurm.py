@@ -1,0 +1,140 @@
+"""The workflow through a real SLURM cluster: the SLURM profile, the executor plugin, sbatch and sacct.
+
+scripts/local-slurm starts a single-node cluster (with accounting and one fake GPU) on this machine;
+the test is skipped where it can't (not root, no apt-get). It runs a slice of the smoke workflow that
+has CPU rules (data, clean) and GPU rules (sft, train, evaluate), then asks SLURM's accounting what
+ran: every Snakemake job a COMPLETED SLURM job, GPU rules with a GPU allocated, CPU rules without.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "local-slurm"
+PROFILE = ROOT / "workflow" / "profiles" / "slurm" / "config.yaml"
+GPU_RULES = {"sft", "train", "evaluate"}
+# (rule, wildcards as the plugin writes them into the job comment) of each job of the slice.
+EXPECTED = {
+    ("data", ""),
+    ("clean", ""),
+    ("sft", ""),
+    ("train", "grpo_0"),
+    ("evaluate", "grpo_0"),
+    ("evaluate", "base_0"),
+}
+TARGETS = ["eval/grpo/seed0.summary.json", "eval/base/seed0.summary.json"]
+WORKFLOW_TIMEOUT = 300  # seconds; the slice takes about 1 minute here
+
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, str]]:
+    """A running local cluster; the environment for talking to it. Stopped after the module only if
+    this fixture started it."""
+    env = {**os.environ, "CI": os.environ.get("CI", "true")}
+    was_up = subprocess.run([SCRIPT, "status"], env=env, capture_output=True).returncode == 0
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["timeout", "-s", "KILL", "600", SCRIPT, "start"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode == 3:
+        pytest.skip(f"no local SLURM here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    print(f"local SLURM up in {time.monotonic() - start:.1f}s")
+    conf = re.search(r"^export SLURM_CONF=(\S+)$", proc.stdout, re.M)
+    assert conf, proc.stdout
+    env["SLURM_CONF"] = conf.group(1)
+    yield env
+    if not was_up:
+        subprocess.run([SCRIPT, "stop"], env=env, capture_output=True)
+
+
+def local_profile(tmp_path: Path) -> Path:
+    """The SLURM profile with the site keys filled in for the local cluster: account `root`, and
+    memory cut to what a small node has (the profile's sizes are for real models)."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    profile["default-resources"]["slurm_account"] = "root"
+    for resources in [profile["default-resources"], *profile["set-resources"].values()]:
+        resources["mem_mb"] = min(resources.get("mem_mb", 1000), 1000)
+    folder = tmp_path / "profile"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump(profile))
+    return folder
+
+
+def sacct_jobs(env: dict[str, str], run_id: str) -> list[dict[str, str]]:
+    """The allocations (-X: no job steps) of one Snakemake run, which names all its jobs `run_id`."""
+    fields = ["JobID", "JobName", "Comment", "State", "ExitCode", "AllocTRES", "ReqTRES", "Elapsed"]
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-S", "now-1days", "--name", run_id, f"--format={','.join(fields)}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines() if line]
+
+
+def test_workflow_on_slurm(cluster: dict[str, str], tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    # The project's environment first on PATH: jobs inherit it (sbatch --export=ALL) and run
+    # `snakemake` and `rredcot` from it. No tracking server: MLflow goes to results/mlflow.db.
+    env = {**cluster, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{cluster['PATH']}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RREDCOT_INVOCATION", None)
+    cmd = [
+        *("timeout", "-s", "KILL", str(WORKFLOW_TIMEOUT)),  # the plugin can hang if sacct breaks
+        *(sys.executable, "-m", "snakemake"),
+        *("--workflow-profile", str(local_profile(tmp_path))),
+        *("--configfile", "config/smoke.yaml", "--config", f"results_dir={results}"),
+        *("--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1"),
+        *("--slurm-logdir", str(tmp_path / "slurm-logs"), "--slurm-keep-successful-logs"),
+        *(str(results / target) for target in TARGETS),
+    ]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    elapsed = time.monotonic() - start
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"rc={proc.returncode} after {elapsed:.0f}s\n{log[-6000:]}"
+    print(f"workflow slice on SLURM: {elapsed:.1f}s")
+
+    run_id = re.search(r"SLURM run ID: (\S+)", log)
+    assert run_id, log[-3000:]
+    jobs = sacct_jobs(cluster, run_id.group(1))
+    ran = {}
+    for job in jobs:
+        rule, _, wildcards = job["Comment"].removeprefix("rule_").partition("_wildcards_")
+        ran[(rule, wildcards)] = job
+    # Every Snakemake job was one SLURM job (none ran on the submit host), and each completed.
+    assert len(jobs) == len(EXPECTED) and set(ran) == EXPECTED, jobs
+    for (rule, _), job in ran.items():
+        assert job["State"] == "COMPLETED" and job["ExitCode"] == "0:0", job
+        # The GPU rules asked for and got the (fake) GPU; the CPU rules neither.
+        for tres in ("ReqTRES", "AllocTRES"):
+            assert ("gres/gpu=1" in job[tres].split(",")) == (rule in GPU_RULES), (tres, job)
+
+    for target in TARGETS:
+        assert (results / target).stat().st_size > 0
+    # The jobs, on the compute node, logged to the run's MLflow store: one run per job.
+    client = MlflowClient(f"sqlite:///{results}/mlflow.db")
+    exp = client.get_experiment_by_name("rredcot-smoke")
+    runs = client.search_runs([exp.experiment_id], "tags.`rredcot.kind` = 'job'")
+    assert sorted(r.data.tags["rredcot.rule"] for r in runs) == sorted(rule for rule, _ in EXPECTED)
+    assert all(r.info.status == "FINISHED" for r in runs)

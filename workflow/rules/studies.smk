@@ -1,0 +1,215 @@
+# The paper's analyses on traces of the start model (Figures 3-7); paths and helpers are in
+# common.smk. `analysis` traces come from the held-out problems (the benchmarks at full scale);
+# `prm` traces, from the RL split, only train the small process reward model, so that it never
+# scores the traces it learned from.
+
+
+rule study_traces:
+    input:
+        model=start_model_input,
+        data=study_data,
+    output:
+        f"{STUDY}/{{set}}/traces.jsonl",
+    log:
+        f"{R}/logs/studies/{{set}}/traces.log",
+    benchmark:
+        f"{R}/benchmarks/studies/traces_{{set}}.tsv"
+    wildcard_constraints:
+        set="analysis|prm",
+    conda:
+        "../../envs/rredcot.yaml"
+    threads: config["threads"]["eval"]
+    params:
+        cfg=PY_CONFIG,
+        model=START_MODEL,
+        n=lambda wc: S["prm"]["n_traces"] if wc.set == "prm" else S["n_traces"],
+        seed=lambda wc: S["seed"] + (1 if wc.set == "prm" else 0),
+        sampling={k: S[k] for k in ("temperature", "top_p", "max_new_tokens")},
+    shell:
+        "rredcot study-traces --config {params.cfg} --model {params.model} --data {input.data}"
+        " --out {output} --n-traces {params.n} --seed {params.seed}"
+        " --temperature {params.sampling[temperature]} --top-p {params.sampling[top_p]}"
+        " --max-new-tokens {params.sampling[max_new_tokens]} --threads {threads} > {log} 2>&1"
+
+
+rule study_mc:
+    input:
+        model=start_model_input,
+        traces=f"{STUDY}/{{set}}/traces.jsonl",
+    output:
+        mc=f"{STUDY}/{{set}}/mc.jsonl",
+        stats=f"{STUDY}/{{set}}/mc.stats.json",
+    log:
+        f"{R}/logs/studies/{{set}}/mc.log",
+    benchmark:
+        f"{R}/benchmarks/studies/mc_{{set}}.tsv"
+    wildcard_constraints:
+        set="analysis|prm",
+    conda:
+        "../../envs/rredcot.yaml"
+    threads: config["threads"]["eval"]
+    params:
+        cfg=PY_CONFIG,
+        model=START_MODEL,
+        mc={
+            k: S[k]
+            for k in (
+                "mc_samples",
+                "mc_max_new_tokens",
+                "seed",
+                "temperature",
+                "top_p",
+                "backend",
+            )
+        },
+    shell:
+        "rredcot study-mc --config {params.cfg} --model {params.model} --traces {input.traces}"
+        " --out {output.mc} --stats {output.stats} --samples {params.mc[mc_samples]}"
+        " --max-new-tokens {params.mc[mc_max_new_tokens]} --seed {params.mc[seed]}"
+        " --temperature {params.mc[temperature]} --top-p {params.mc[top_p]}"
+        " --backend {params.mc[backend]} --threads {threads} > {log} 2>&1"
+
+
+rule study_mc_figures:
+    input:
+        traces=f"{STUDY}/analysis/traces.jsonl",
+        mc=f"{STUDY}/analysis/mc.jsonl",
+        stats=f"{STUDY}/analysis/mc.stats.json",
+    output:
+        fig3=report(
+            f"{FIG}/fig3_truncation.png",
+            caption="../report/fig3.rst",
+            category="Studies",
+        ),
+        fig3_pdf=f"{FIG}/fig3_truncation.pdf",
+        fig3_csv=f"{FIG}/fig3_truncation.csv",
+        fig7=report(
+            f"{FIG}/fig7_mc_variance.png",
+            caption="../report/fig7.rst",
+            category="Studies",
+        ),
+        fig7_pdf=f"{FIG}/fig7_mc_variance.pdf",
+        fig7_csv=f"{FIG}/fig7_mc_variance.csv",
+    log:
+        f"{R}/logs/studies/mc_figures.log",
+    conda:
+        "../../envs/rredcot.yaml"
+    params:
+        cfg=PY_CONFIG,
+        bootstrap=S["bootstrap"],
+        seed=S["seed"],
+        out_dir=lambda wc, output: Path(output.fig3).parent,
+    shell:
+        "rredcot study-mc-figures --config {params.cfg} --traces {input.traces} --mc {input.mc}"
+        " --mc-stats {input.stats} --out-dir {params.out_dir} --bootstrap {params.bootstrap}"
+        " --seed {params.seed} > {log} 2>&1"
+
+
+rule study_attribution:
+    input:
+        model=start_model_input,
+        traces=f"{STUDY}/analysis/traces.jsonl",
+        mc=f"{STUDY}/analysis/mc.jsonl",
+    output:
+        f"{STUDY}/analysis/attributions.jsonl",
+    log:
+        f"{R}/logs/studies/attribution.log",
+    benchmark:
+        f"{R}/benchmarks/studies/attribution.tsv"
+    conda:
+        "../../envs/rredcot.yaml"
+    threads: config["threads"]["eval"]
+    params:
+        cfg=PY_CONFIG,
+        model=START_MODEL,
+    shell:
+        "rredcot study-attribution --config {params.cfg} --model {params.model}"
+        " --traces {input.traces} --mc {input.mc} --out {output} > {log} 2>&1"
+
+
+rule study_prm_train:
+    input:
+        model=start_model_input,
+        traces=f"{STUDY}/prm/traces.jsonl",
+        mc=f"{STUDY}/prm/mc.jsonl",
+    output:
+        directory(f"{STUDY}/prm/model"),
+    log:
+        f"{R}/logs/studies/prm_train.log",
+    benchmark:
+        f"{R}/benchmarks/studies/prm_train.tsv"
+    conda:
+        "../../envs/rredcot.yaml"
+    threads: config["threads"]["eval"]
+    params:
+        cfg=PY_CONFIG,
+        model=START_MODEL,
+        prm=S["prm"],
+        seed=S["seed"],
+    shell:
+        "rredcot study-prm-train --config {params.cfg} --model {params.model} --traces {input.traces}"
+        " --mc {input.mc} --out {output} --epochs {params.prm[epochs]}"
+        " --learning-rate {params.prm[learning_rate]} --seed {params.seed} > {log} 2>&1"
+
+
+rule study_prm:
+    input:
+        prm=prm_model,
+        traces=f"{STUDY}/analysis/traces.jsonl",
+    output:
+        f"{STUDY}/analysis/prm.jsonl",
+    log:
+        f"{R}/logs/studies/prm.log",
+    benchmark:
+        f"{R}/benchmarks/studies/prm.tsv"
+    conda:
+        "../../envs/rredcot.yaml"
+    threads: config["threads"]["eval"]
+    params:
+        cfg=PY_CONFIG,
+        kind=S["prm"]["kind"],
+        prm=lambda wc, input: input.prm[0] if input.prm else S["prm"]["name_or_path"],
+    shell:
+        "rredcot study-prm --config {params.cfg} --prm {params.prm} --kind {params.kind}"
+        " --traces {input.traces} --out {output} > {log} 2>&1"
+
+
+rule study_attr_figures:
+    input:
+        attributions=f"{STUDY}/analysis/attributions.jsonl",
+        prm=f"{STUDY}/analysis/prm.jsonl",
+    output:
+        fig4=report(
+            f"{FIG}/fig4_attribution_correlation.png",
+            caption="../report/fig4.rst",
+            category="Studies",
+        ),
+        fig4_pdf=f"{FIG}/fig4_attribution_correlation.pdf",
+        fig4_csv=f"{FIG}/fig4_attribution_correlation.csv",
+        fig4_value=f"{FIG}/fig4_attribution_correlation_value.png",
+        fig4_value_pdf=f"{FIG}/fig4_attribution_correlation_value.pdf",
+        fig4_value_csv=f"{FIG}/fig4_attribution_correlation_value.csv",
+        fig5=report(
+            f"{FIG}/fig5_prm_vs_nll.png",
+            caption="../report/fig5.rst",
+            category="Studies",
+        ),
+        fig5_pdf=f"{FIG}/fig5_prm_vs_nll.pdf",
+        fig5_csv=f"{FIG}/fig5_prm_vs_nll.csv",
+        fig6=report(
+            f"{FIG}/fig6_prm_vs_rredcot.png",
+            caption="../report/fig6.rst",
+            category="Studies",
+        ),
+        fig6_pdf=f"{FIG}/fig6_prm_vs_rredcot.pdf",
+        fig6_csv=f"{FIG}/fig6_prm_vs_rredcot.csv",
+    log:
+        f"{R}/logs/studies/attr_figures.log",
+    conda:
+        "../../envs/rredcot.yaml"
+    params:
+        cfg=PY_CONFIG,
+        out_dir=lambda wc, output: Path(output.fig4).parent,
+    shell:
+        "rredcot study-attr-figures --config {params.cfg} --attributions {input.attributions}"
+        " --prm {input.prm} --out-dir {params.out_dir} > {log} 2>&1"
