@@ -84,7 +84,7 @@ def test_smoke_workflow(tmp_path):
     runs = client.search_runs([exp.experiment_id], max_results=500)
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     parents = {r.data.tags["mlflow.parentRunId"] for r in children}
-    assert len(children) == 45 and len(parents) == 1
+    assert len(children) == 44 and len(parents) == 1
     assert all(r.info.status == "FINISHED" for r in children)
     train = [r for r in children if r.data.tags.get("rredcot.rule") == "train"]
     arms = ["bnpo", "dapo", "dr_grpo", "entropy", "grpo", "rredcot", "rredcot_entropy"]
