@@ -201,6 +201,19 @@ def _import_vllm() -> Any:
     return vllm
 
 
+def load_vllm(model_path: str | Path, options: VLLMOptions | None = None, **extra: Any) -> Any:
+    """A ``vllm.LLM`` for a saved model with the configured options (``extra``: more LLM arguments)."""
+    opts = options or VLLMOptions()
+    return _import_vllm().LLM(
+        model=str(model_path),
+        dtype=opts.dtype,
+        gpu_memory_utilization=opts.gpu_memory_utilization,
+        tensor_parallel_size=opts.tensor_parallel_size,
+        max_model_len=opts.max_model_len,
+        **extra,
+    )
+
+
 class VLLMGenerator:
     """vLLM offline inference on a saved model directory (GPU only)."""
 
@@ -211,16 +224,8 @@ class VLLMGenerator:
         options: VLLMOptions | None = None,
         progress: bool = False,
     ):
-        vllm = _import_vllm()
-        opts = options or VLLMOptions()
-        self.vllm, self.tokenizer, self.progress = vllm, tokenizer, progress
-        self.llm = vllm.LLM(
-            model=str(model_path),
-            dtype=opts.dtype,
-            gpu_memory_utilization=opts.gpu_memory_utilization,
-            tensor_parallel_size=opts.tensor_parallel_size,
-            max_model_len=opts.max_model_len,
-        )
+        self.vllm, self.tokenizer, self.progress = _import_vllm(), tokenizer, progress
+        self.llm = load_vllm(model_path, options)
 
     def generate(
         self,

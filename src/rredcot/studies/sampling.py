@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from rredcot.generation import VLLMOptions, _import_vllm, _stop_ids
+from rredcot.generation import VLLMOptions, _import_vllm, _stop_ids, load_vllm
 
 
 def sample_seed(*parts: object) -> int:
@@ -171,17 +171,9 @@ class VLLMPrefixSampler:
         options: VLLMOptions | None = None,
         progress: bool = True,
     ):
-        vllm = _import_vllm()
-        opts = options or VLLMOptions()
-        self.vllm, self.tokenizer, self.progress = vllm, tokenizer, progress
-        self.llm = vllm.LLM(
-            model=str(model_path),
-            dtype=opts.dtype,
-            gpu_memory_utilization=opts.gpu_memory_utilization,
-            tensor_parallel_size=opts.tensor_parallel_size,
-            max_model_len=opts.max_model_len,
-            enable_prefix_caching=True,  # the M samples of an exit point share their whole prefix
-        )
+        self.vllm, self.tokenizer, self.progress = _import_vllm(), tokenizer, progress
+        # The M samples of an exit point share their whole prefix: let vLLM cache it.
+        self.llm = load_vllm(model_path, options, enable_prefix_caching=True)
 
     def sample(
         self,
