@@ -270,17 +270,10 @@ def segment_rows(
     for k in range(n_seg):
         rows.append(
             {
-                "trace_id": str(trace["trace_id"]),
-                "problem_id": str(trace.get("problem_id", "")),
-                "level": trace.get("level"),
-                "correct": bool(trace.get("correct")),
-                "seed": trace.get("seed"),
-                "segment": k,
-                "n_segments": n_seg,
+                **segment_fields(trace, k, n_seg, cuts, e),
                 "start": cuts[k],
                 "end": cuts[k + 1],
                 "thinking_tokens": e,
-                "from_right": (e - cuts[k]) / e if e else 1.0,
                 "rredcot": _finite(rewards[k]) if k < len(rewards) else None,
                 "loo": _finite(loo[0][k]),
                 "loo_value": _finite(loo[1][k]),
@@ -293,6 +286,26 @@ def segment_rows(
             }
         )
     return rows
+
+
+def segment_fields(
+    trace: Mapping[str, Any], k: int, n_segments: int, cuts: Sequence[int], e: int
+) -> dict[str, Any]:
+    """What identifies thinking segment k of a trace in every per-segment study output.
+
+    ``from_right`` = (e - start) / e: the segment lies in the last fraction f of the thinking part
+    when ``from_right <= f`` (Figure 4's x axis).
+    """
+    return {
+        "trace_id": str(trace["trace_id"]),
+        "problem_id": str(trace.get("problem_id", "")),
+        "level": trace.get("level"),
+        "correct": bool(trace.get("correct")),
+        "seed": trace.get("seed"),
+        "segment": k,
+        "n_segments": n_segments,
+        "from_right": (e - cuts[k]) / e if e else 1.0,
+    }
 
 
 def attr_inputs(traces: Sequence[Mapping[str, Any]], encode: Any) -> list[AttrInput]:

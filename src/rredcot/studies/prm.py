@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import torch
 from tqdm import tqdm
 
-from rredcot.studies.attribution import differences
+from rredcot.studies.attribution import differences, segment_fields
 
 QWEN_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 QWEN_SEPARATOR = "<extra_0>"
@@ -278,14 +278,7 @@ def prm_rows(row: Mapping[str, Any], plain: StepScores, given: StepScores, kind:
     for k in range(len(plain.steps)):
         out.append(
             {
-                "trace_id": str(row["trace_id"]),
-                "problem_id": str(row.get("problem_id", "")),
-                "level": row.get("level"),
-                "correct": bool(row.get("correct")),
-                "seed": row.get("seed"),
-                "segment": k,
-                "n_segments": len(plain.steps),
-                "from_right": (e - cuts[k]) / e if e else 1.0,
+                **segment_fields(row, k, len(plain.steps), cuts, e),
                 "prm_kind": kind,
                 "prm_score": plain.steps[k],
                 "prm_delta": d_plain[k],
