@@ -176,3 +176,47 @@ def test_model_mode_untouched_and_flash_attention_refused() -> None:
     assert not supports_single_pass(model)
     with pytest.raises(ValueError, match="eager"):
         score_traces_single_pass(model, traces, _strings(1))
+
+
+def test_repeated_traces_and_shared_prefixes_are_scored_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sampled group repeats itself: the copies get the scores of one run, equal to naive scoring."""
+    import rredcot.prefix_scoring as P
+
+    model = MODELS["qwen2-sdpa"]()
+    rng = random.Random(11)
+    prompt, other_prompt = _ids(rng, 6), _ids(rng, 7)
+    a = _ids(rng, 30)
+    b = a[:12] + _ids(rng, 18)  # shares a's first 12 completion tokens
+    pairs = [(_ids(rng, 5), _ids(rng, 2))]
+    traces = [
+        TraceExits(prompt, a, [0, 6, 12, 30], pairs, 25),
+        TraceExits(prompt, a, [0, 6, 12, 30], pairs, 25),  # the same trace again
+        TraceExits(prompt, b, [0, 6, 12, 20, 30], pairs, 28),  # cuts 0, 6, 12 read a's prefixes
+        TraceExits(other_prompt, a, [0, 6], pairs),  # same completion, other prompt: nothing shared
+        TraceExits(
+            prompt, a, [0, 6, 12, 30], [(_ids(rng, 4), _ids(rng, 2))]
+        ),  # other pair: same trace pass, own suffixes
+    ]
+    trace_rows: list[int] = []
+    suffix_jobs: list = []
+    run_trace, run_suffix = P._run_trace_pass, P._run_suffix_pass
+
+    def spy_trace(model, traces, rows, budget):
+        trace_rows.extend(rows)
+        return run_trace(model, traces, rows, budget)
+
+    def spy_suffix(model, chunk, packed, budget, flat, slot):
+        suffix_jobs.extend(job for row in packed for job in row)
+        return run_suffix(model, chunk, packed, budget, flat, slot)
+
+    monkeypatch.setattr(P, "_run_trace_pass", spy_trace)
+    monkeypatch.setattr(P, "_run_suffix_pass", spy_suffix)
+    strings = _strings(11)
+    single = score_traces_single_pass(model, traces, strings)
+    _assert_same(single, score_traces_naive(model, traces, strings))
+    assert sorted(trace_rows) == [0, 2, 3]  # traces 1 and 4 read the pass of trace 0
+    # Distinct suffixes: trace 0: 4 cuts + own answer; trace 2: cuts 20, 30 + own answer (its cuts
+    # 0, 6, 12 are trace 0's); trace 3: 2 cuts; trace 4: 4 cuts with its own pair, own answer none.
+    assert len(suffix_jobs) == 5 + 3 + 2 + 4
+    assert torch.equal(single[1].log_p_solution, single[0].log_p_solution)
+    torch.testing.assert_close(single[2].log_p_answer[:3], single[0].log_p_answer[:3], atol=ATOL, rtol=0)

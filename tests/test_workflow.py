@@ -64,6 +64,8 @@ def test_smoke_workflow(tmp_path):
     assert {"benchmark", "base_mean", "grpo_mean", "rredcot_mean", "paper_open_rs"} <= set(table2.columns)
     cost = pl.read_csv(results / "cost.csv")
     assert {"GRPO", "RREDCoT"} <= set(cost["item"].to_list()) and "study" in cost["kind"].to_list()
+    within = dict(zip(cost["item"].to_list(), cost["step_ratio_within_run"].to_list(), strict=True))
+    assert within["GRPO"] == 1.0 and within["RREDCoT"] > 1.0  # uniform credit costs nothing
 
     report = json.loads((results / "clean" / "report.json").read_text())
     assert report["flagged_fraction"] == pytest.approx(0.15)

@@ -166,7 +166,10 @@ def train_step_ab(config: list[str], sft: str, data: str, arms: list[str], steps
     """Median training-step time of each arm, run one after the other from the same SFT model and seed.
 
     A controlled A/B: same process, same threads, no other job competing, and (the seed being equal)
-    the same prompts; the first step even samples the same completions in every arm.
+    the same prompts; the first step even samples the same completions in every arm. The arms' batches
+    drift apart after the first update, so each arm also gets a paired estimate from its own steps:
+    ``within_run_ratio`` is the median of step / (step - credit seconds), the step against the same
+    step with the credit computation taken out (everything else in a step is stock GRPO).
     """
     from datasets import Dataset
 
@@ -193,12 +196,15 @@ def train_step_ab(config: list[str], sft: str, data: str, arms: list[str], steps
         )
         trainer.args.disable_tqdm = True
         trainer.train()
-        times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
-        credit = [h["credit/seconds"] for h in trainer.state.log_history if "credit/seconds" in h]
+        logged = [h for h in trainer.state.log_history if "step_time" in h]
+        times = [h["step_time"] for h in logged]
+        credit = [h["credit/seconds"] for h in logged if "credit/seconds" in h]
+        paired = [h["step_time"] / (h["step_time"] - h.get("credit/seconds", 0.0)) for h in logged[1:]]
         out[arm] = {
             "median_step_seconds": statistics.median(times[1:] or times),  # the first step warms up
             "steps": len(times),
             "median_credit_seconds": statistics.median(credit) if credit else 0.0,
+            "within_run_ratio": statistics.median(paired) if paired else 1.0,
         }
         print(f"[bench] train step {arm}: {out[arm]}", flush=True)
     base = out[arms[0]]["median_step_seconds"]

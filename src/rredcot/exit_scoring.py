@@ -83,6 +83,42 @@ class TraceScores:
     log_p_own_answer: Tensor | None = None  # log p(y_1 | own solution, s): scalar, with answer_cut
 
 
+# A chunk of traces is right-padded to its longest; a trace shorter than this fraction of it starts
+# a new chunk (see ``length_chunks``).
+LENGTH_BAND = 0.75
+
+
+def length_chunks(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+    """Indices of sequences grouped for batched passes, longest first, each within ``max_batch_tokens``.
+
+    Padding stays under a quarter of any row: one more (short) pass costs less than the padding on
+    sampled completions of uneven length. A sequence longer than the budget gets a pass of its own.
+    """
+    chunks: list[list[int]] = []
+    widest = 0
+    for i in sorted(range(len(lengths)), key=lambda j: lengths[j], reverse=True):
+        n = lengths[i]
+        fits = chunks and (len(chunks[-1]) + 1) * widest <= max_batch_tokens
+        if fits and n >= LENGTH_BAND * widest:
+            chunks[-1].append(i)
+        else:
+            chunks.append([i])
+            widest = n
+    return chunks
+
+
+def distinct_traces(traces: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict[int, list[int]]:
+    """First index of each distinct (prompt_ids, completion_ids) → every index holding the same trace.
+
+    Sampled groups repeat completions; a repeated trace is read once.
+    """
+    members: dict[int, list[int]] = {}
+    first: dict[tuple, int] = {}
+    for i, (prompt, completion) in enumerate(traces):
+        members.setdefault(first.setdefault((tuple(prompt), tuple(completion)), i), []).append(i)
+    return members
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
     device = getattr(model, "device", None)
     if isinstance(device, torch.device):
@@ -248,37 +284,34 @@ def completion_entropies(
 
     device = model_device(model)
     out: list[Tensor] = [torch.zeros(0)] * len(traces)
-    seqs = [[*prompt, *completion] for prompt, completion in traces]
-    width_of = [len(s) for s in seqs]
-    chunk: list[int] = []
+    members = distinct_traces(traces)
+    reps = list(members)
+    seqs = {i: [*traces[i][0], *traces[i][1]] for i in reps}
 
     def flush(rows: list[int]) -> None:
-        width = max(width_of[i] for i in rows)
+        width = max(len(seqs[i]) for i in rows)
         ids = torch.zeros(len(rows), width, dtype=torch.long)
         mask = torch.zeros(len(rows), width, dtype=torch.long)
         for b, i in enumerate(rows):
-            ids[b, : width_of[i]] = torch.tensor(seqs[i], dtype=torch.long)
-            mask[b, : width_of[i]] = 1
+            ids[b, : len(seqs[i])] = torch.tensor(seqs[i], dtype=torch.long)
+            mask[b, : len(seqs[i])] = 1
         logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
         for b, i in enumerate(rows):
             p, n = len(traces[i][0]), len(traces[i][1])
             if n == 0:
-                continue
-            if p == 0:
-                h = token_entropies(logits[b, : n - 1]).cpu()
-                first = h.mean() if h.numel() else torch.tensor(0.0)
-                out[i] = torch.cat([first.reshape(1), h])
+                h = torch.zeros(0)
+            elif p == 0:
+                rest = token_entropies(logits[b, : n - 1]).cpu()
+                first = rest.mean() if rest.numel() else torch.tensor(0.0)
+                h = torch.cat([first.reshape(1), rest])
             else:
-                out[i] = token_entropies(logits[b, p - 1 : p + n - 1]).cpu()
+                h = token_entropies(logits[b, p - 1 : p + n - 1]).cpu()
+            for j in members[i]:
+                out[j] = h
 
     with torch.inference_mode():
-        for i in range(len(traces)):
-            if chunk and (len(chunk) + 1) * max(width_of[j] for j in [*chunk, i]) > max_batch_tokens:
-                flush(chunk)
-                chunk = []
-            chunk.append(i)
-        if chunk:
-            flush(chunk)
+        for chunk in length_chunks([len(seqs[i]) for i in reps], max_batch_tokens):
+            flush([reps[j] for j in chunk])
     return out
 
 

@@ -19,6 +19,12 @@ one token per exit point and keeps a uniform layout even for an empty exit strin
 Why cache + packed mask rather than one packed sequence: the cuts depend on the segmentation, which
 depends on the entropies of the trace pass, so the trace must be read before the suffixes exist.
 
+Nothing is scored twice. A group of sampled completions often repeats itself: identical traces, and
+exit points whose prefix ``prompt ⊕ completion[:c]`` is the same in several traces (cut 0 always is).
+Identical traces share one trace pass, and suffixes with the same prefix and the same tokens share one
+suffix row; their sums are copied to every exit point they stand for. On the embedded default this
+halves the suffix tokens and saves a quarter of the trace tokens.
+
 Requirements on the model: an HF causal LM whose attention takes a 4D additive mask (``eager`` or
 ``sdpa``; FlashAttention-2 does not) and that exposes ``get_decoder()`` and
 ``get_output_embeddings()``. Logits are computed only at the positions that are read, in chunks,
@@ -35,7 +41,14 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from rredcot.credit import token_entropies
-from rredcot.exit_scoring import ExitStrings, TraceExits, TraceScores, model_device
+from rredcot.exit_scoring import (
+    ExitStrings,
+    TraceExits,
+    TraceScores,
+    distinct_traces,
+    length_chunks,
+    model_device,
+)
 
 # Attention implementations known to honour an arbitrary 4D additive mask.
 MASK_CAPABLE = ("eager", "sdpa")
@@ -44,6 +57,8 @@ MASK_CAPABLE = ("eager", "sdpa")
 # waste less attention on other suffixes' masked keys but copy the prefix keys more often.
 ROW_QUERY_FRACTION = 8
 PASS_KEY_BAND = 0.7
+# Grouping of traces for the trace pass (see ``_trace_chunks``).
+TRACE_LENGTH_BAND = 0.85
 
 
 @dataclass(frozen=True)
@@ -118,20 +133,6 @@ class _TraceChunk:
     width: int  # cached (padded) length
 
 
-def _trace_chunks(lengths: Sequence[int], budget: ScoringBudget) -> list[list[int]]:
-    """Consecutive trace indices whose padded trace pass fits ``max_batch_tokens`` (at least one each)."""
-    chunks: list[list[int]] = []
-    widest = 0
-    for i, n in enumerate(lengths):
-        if chunks and (len(chunks[-1]) + 1) * max(widest, n) <= budget.max_batch_tokens:
-            chunks[-1].append(i)
-            widest = max(widest, n)
-        else:
-            chunks.append([i])
-            widest = n
-    return chunks
-
-
 def _run_trace_pass(
     model: torch.nn.Module, traces: Sequence[TraceExits], rows: list[int], budget: ScoringBudget
 ) -> tuple[_TraceChunk, list[Tensor]]:
@@ -188,42 +189,81 @@ class _Suffix:
     answer_at: int
     answer_len: int
 
+    @property
+    def fed(self) -> int:
+        """Tokens to run: the last scored token is predicted by the one before it, so it and
+        anything after it (the answer suffix) need no pass of their own."""
+        return max(1, self.solution_at + self.solution_len - 1, self.answer_at + self.answer_len - 1)
+
 
 def _suffixes(
-    traces: Sequence[TraceExits], chunk: _TraceChunk, cuts: dict[int, list[int]], strings: ExitStrings
+    traces: Sequence[TraceExits],
+    chunk: _TraceChunk,
+    members: dict[int, list[int]],
+    cuts: dict[int, list[int]],
+    strings: ExitStrings,
+) -> list[_Suffix]:
+    """Every (cut, pair) suffix and own-answer suffix of the chunk's traces; the traces that
+    ``members`` lists under a cache row's trace read that row."""
+    jobs = []
+    for row, rep in enumerate(chunk.indices):
+        for t in members[rep]:
+            jobs += _trace_suffixes(t, traces[t], row, cuts[t], strings)
+    return jobs
+
+
+def _trace_suffixes(
+    t: int, trace: TraceExits, row: int, cuts: list[int], strings: ExitStrings
 ) -> list[_Suffix]:
     jobs = []
-    for row, t in enumerate(chunk.indices):
-        trace = traces[t]
-        prefix = [*trace.prompt_ids, *trace.completion_ids]
-        n_pairs = len(trace.pairs)
-        for k, c in enumerate(cuts[t]):
-            if not 0 <= c <= len(trace.completion_ids):
-                raise ValueError(f"cut {c} outside [0, {len(trace.completion_ids)}] in trace {t}")
-            last = len(trace.prompt_ids) + c - 1
-            if last < 0:
-                raise ValueError("prompt and completion prefix are both empty at cut 0")
-            head = [prefix[last], *strings.exit_ids]
-            for j, (solution, answer) in enumerate(trace.pairs):
-                ids = [*head, *solution, *strings.answer_prefix_ids, *answer, *strings.answer_suffix_ids]
-                answer_at = len(head) + len(solution) + len(strings.answer_prefix_ids)
-                jobs.append(
-                    _Suffix(
-                        t, row, k * n_pairs + j, last, ids, len(head), len(solution), answer_at, len(answer)
-                    )
-                )
-        if trace.answer_cut is not None:
-            # The first pair's answer right after the model's own solution: one more output slot.
-            last = len(trace.prompt_ids) + trace.answer_cut - 1
-            if not 0 <= trace.answer_cut <= len(trace.completion_ids) or last < 0:
-                raise ValueError(f"answer cut {trace.answer_cut} outside the completion of trace {t}")
-            answer = trace.pairs[0][1]
-            ids = [prefix[last], *strings.answer_prefix_ids, *answer, *strings.answer_suffix_ids]
-            out = len(cuts[t]) * n_pairs
+    prefix = [*trace.prompt_ids, *trace.completion_ids]
+    n_pairs = len(trace.pairs)
+    for k, c in enumerate(cuts):
+        if not 0 <= c <= len(trace.completion_ids):
+            raise ValueError(f"cut {c} outside [0, {len(trace.completion_ids)}] in trace {t}")
+        last = len(trace.prompt_ids) + c - 1
+        if last < 0:
+            raise ValueError("prompt and completion prefix are both empty at cut 0")
+        head = [prefix[last], *strings.exit_ids]
+        for j, (solution, answer) in enumerate(trace.pairs):
+            ids = [*head, *solution, *strings.answer_prefix_ids, *answer, *strings.answer_suffix_ids]
+            answer_at = len(head) + len(solution) + len(strings.answer_prefix_ids)
             jobs.append(
-                _Suffix(t, row, out, last, ids, 1, 0, 1 + len(strings.answer_prefix_ids), len(answer))
+                _Suffix(t, row, k * n_pairs + j, last, ids, len(head), len(solution), answer_at, len(answer))
             )
+    if trace.answer_cut is not None:
+        # The first pair's answer right after the model's own solution: one more output slot.
+        last = len(trace.prompt_ids) + trace.answer_cut - 1
+        if not 0 <= trace.answer_cut <= len(trace.completion_ids) or last < 0:
+            raise ValueError(f"answer cut {trace.answer_cut} outside the completion of trace {t}")
+        answer = trace.pairs[0][1]
+        ids = [prefix[last], *strings.answer_prefix_ids, *answer, *strings.answer_suffix_ids]
+        out = len(cuts) * n_pairs
+        jobs.append(_Suffix(t, row, out, last, ids, 1, 0, 1 + len(strings.answer_prefix_ids), len(answer)))
     return jobs
+
+
+def _distinct(
+    jobs: list[_Suffix], traces: Sequence[TraceExits]
+) -> tuple[list[_Suffix], list[tuple[_Suffix, _Suffix]]]:
+    """Suffixes to run, and (copy, original) pairs for those whose scores another suffix gives.
+
+    Two suffixes score the same when their prefix up to the re-fed token and their own tokens are
+    equal: the sequence the model reads is then identical, wherever its prefix is cached.
+    """
+    first: dict[tuple, _Suffix] = {}
+    run, copies = [], []
+    whole: dict[int, tuple[int, ...]] = {}
+    for job in jobs:
+        if job.trace not in whole:
+            whole[job.trace] = (*traces[job.trace].prompt_ids, *traces[job.trace].completion_ids)
+        key = (whole[job.trace][: job.start_pos], tuple(job.ids))
+        if key in first:
+            copies.append((job, first[key]))
+        else:
+            first[key] = job
+            run.append(job)
+    return run, copies
 
 
 def _key_width(row: list[_Suffix]) -> int:
@@ -249,7 +289,7 @@ def _pack(jobs: list[_Suffix], width: int, budget: ScoringBudget) -> list[list[l
     cap = max(width // ROW_QUERY_FRACTION, 1)
     for job in jobs:
         row = rows[-1] if rows else None
-        q = sum(len(j.ids) for j in row) + len(job.ids) if row else 0
+        q = sum(j.fed for j in row) + job.fed if row else 0
         if row and row[0].trace == job.trace and q <= cap and fits(1, q, width):
             row.append(job)
         else:
@@ -258,7 +298,7 @@ def _pack(jobs: list[_Suffix], width: int, budget: ScoringBudget) -> list[list[l
     passes: list[list[list[_Suffix]]] = []
     q_max = keys = 0
     for row in rows:
-        q = sum(len(j.ids) for j in row)
+        q = sum(j.fed for j in row)
         banded = _key_width(row) >= PASS_KEY_BAND * keys  # do not read many keys a row cannot use
         if passes and banded and fits(len(passes[-1]) + 1, max(q_max, q), keys):
             passes[-1].append(row)
@@ -292,7 +332,7 @@ def _run_suffix_pass(
     device = model_device(model)
     dtype = next(model.parameters()).dtype
     n_rows = len(packed)
-    q_len = max(sum(len(j.ids) for j in row) for row in packed)
+    q_len = max(sum(j.fed for j in row) for row in packed)
     width = max(_key_width(row) for row in packed)  # cached keys this pass reads
     input_ids = torch.zeros(n_rows, q_len, dtype=torch.long)
     positions = torch.zeros(n_rows, q_len, dtype=torch.long)
@@ -302,9 +342,9 @@ def _run_suffix_pass(
     for r, row in enumerate(packed):
         offset = 0
         for job in row:
-            n = len(job.ids)
+            n = job.fed
             sl = slice(offset, offset + n)
-            input_ids[r, sl] = torch.tensor(job.ids, dtype=torch.long)
+            input_ids[r, sl] = torch.tensor(job.ids[:n], dtype=torch.long)
             positions[r, sl] = job.start_pos + torch.arange(n)
             allowed[r, sl, : job.start_pos] = True  # the cached prefix before the re-fed token
             allowed[r, sl, width + offset : width + offset + n] = torch.ones(n, n, dtype=torch.bool).tril()
@@ -364,12 +404,17 @@ def score_traces_single_pass(
         impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
         raise ValueError(f"single-pass scoring needs attention 'eager' or 'sdpa', not {impl!r}")
     results: list[TraceScores | None] = [None] * len(traces)
-    lengths = [len(t.prompt_ids) + len(t.completion_ids) for t in traces]
+    # Identical traces (same prompt and completion) share one trace pass and one cache row.
+    members = distinct_traces([(t.prompt_ids, t.completion_ids) for t in traces])
+    reps = list(members)
+    lengths = [len(traces[i].prompt_ids) + len(traces[i].completion_ids) for i in reps]
     with torch.inference_mode():
-        for rows in _trace_chunks(lengths, budget):
-            chunk, entropies = _run_trace_pass(model, traces, rows, budget)
+        for positions in length_chunks(lengths, budget.max_batch_tokens):
+            rows = [reps[j] for j in positions]
+            chunk, rep_entropies = _run_trace_pass(model, traces, rows, budget)
+            entropies = {i: ent for rep, ent in zip(rows, rep_entropies, strict=True) for i in members[rep]}
             cuts: dict[int, list[int]] = {}
-            for i, ent in zip(rows, entropies, strict=True):
+            for i, ent in entropies.items():
                 given = traces[i].cuts
                 if given is None:
                     if cuts_for is None:
@@ -378,7 +423,7 @@ def score_traces_single_pass(
                 cuts[i] = [int(c) for c in given]
             # One flat float64 buffer per chunk: [solution sums | answer sums], trace after trace.
             base, n_out = {}, 0
-            for i in rows:
+            for i in entropies:
                 base[i] = n_out
                 n_out += len(cuts[i]) * len(traces[i].pairs) + (traces[i].answer_cut is not None)
             flat = torch.zeros(2 * n_out, dtype=torch.float64)
@@ -386,9 +431,13 @@ def score_traces_single_pass(
             def slot(job: _Suffix, is_answer: bool, base: dict = base, n_out: int = n_out) -> int:
                 return base[job.trace] + job.out + (n_out if is_answer else 0)
 
-            for packed in _pack(_suffixes(traces, chunk, cuts, strings), chunk.width, budget):
+            run, copies = _distinct(_suffixes(traces, chunk, members, cuts, strings), traces)
+            for packed in _pack(run, chunk.width, budget):
                 _run_suffix_pass(model, chunk, packed, budget, flat, slot)
-            for i, ent in zip(rows, entropies, strict=True):
+            for job, original in copies:
+                for is_answer in (False, True):
+                    flat[slot(job, is_answer)] = flat[slot(original, is_answer)]
+            for i, ent in entropies.items():
                 shape = (len(cuts[i]), len(traces[i].pairs))
                 a, b = base[i], base[i] + shape[0] * shape[1]
                 sol = flat[a:b].float().view(shape)

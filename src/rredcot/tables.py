@@ -70,22 +70,28 @@ def _tsv_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh, delimiter="\t"))
 
 
-def _step_times(train_dir: Path, arm: str) -> tuple[list[float], list[float]]:
-    """Median step and credit seconds of each seed of an arm (the first step warms up and is skipped)."""
-    steps, credit = [], []
+def _step_times(train_dir: Path, arm: str) -> tuple[list[float], list[float], list[float]]:
+    """Per seed of an arm: the median step seconds, credit seconds, and step / (step - credit).
+
+    The last is a paired estimate of the credit's overhead from the arm's own steps: the step
+    against the same step without the credit computation. Arms drift apart after their first update
+    and share the machine with whatever jobs run beside them, which the cross-arm ratio cannot see.
+    The first step warms up and is skipped.
+    """
+    steps, credit, paired = [], [], []
     for metrics in sorted(train_dir.glob(f"{arm}/seed*/metrics.jsonl")):
-        t, c = [], []
+        rows = []
         with open(metrics) as fh:
-            for line in fh:
-                row = json.loads(line)
-                if "step_time" in row:
-                    t.append(float(row["step_time"]))
-                if "credit/seconds" in row:
-                    c.append(float(row["credit/seconds"]))
-        if t:
-            steps.append(statistics.median(t[1:] or t))
-        credit.append(statistics.median(c) if c else 0.0)
-    return steps, credit
+            rows = [row for row in map(json.loads, fh) if "step_time" in row]
+        if not rows:
+            continue
+        t = [float(r["step_time"]) for r in rows]
+        c = [float(r.get("credit/seconds", 0.0)) for r in rows]
+        steps.append(statistics.median(t[1:] or t))
+        credit.append(statistics.median(c[1:] or c))
+        ratios = [a / (a - b) for a, b in zip(t, c, strict=True) if a > b]
+        paired.append(statistics.median(ratios[1:] or ratios) if ratios else 1.0)
+    return steps, credit, paired
 
 
 def cost_table(
@@ -97,7 +103,7 @@ def cost_table(
     base_step = None
     for arm in arms:
         jobs = [r for p in sorted(benchmarks_dir.glob(f"train/{arm}/seed*.tsv")) for r in _tsv_rows(p)]
-        steps, credit = _step_times(train_dir, arm)
+        steps, credit, paired = _step_times(train_dir, arm)
         step = statistics.mean(steps) if steps else None
         if arm_of_uniform_grpo(cfg, arm) and step is not None:
             base_step = step
@@ -112,6 +118,7 @@ def cost_table(
                 "cpu_s_per_job": _mean(float(r["cpu_time"]) for r in jobs),
                 "step_s": step,
                 "credit_s_per_step": statistics.mean(credit) if credit else None,
+                "step_ratio_within_run": round(statistics.mean(paired), 3) if paired else None,
             }
         )
     for row in rows:
