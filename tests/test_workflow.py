@@ -60,6 +60,8 @@ def test_smoke_workflow(tmp_path):
     ):
         for ext in ("png", "pdf"):
             assert (results / "figures" / f"{name}.{ext}").stat().st_size > 1000, name
+    localisation = json.loads((results / "studies" / "analysis" / "localisation.json").read_text())
+    assert localisation["all"]["traces"] == len(localisation["traces"]) > 0
     table2 = pl.read_csv(results / "table2.csv")
     assert {"benchmark", "base_mean", "grpo_mean", "rredcot_mean", "paper_open_rs"} <= set(table2.columns)
     cost = pl.read_csv(results / "cost.csv")
@@ -80,13 +82,14 @@ def test_smoke_workflow(tmp_path):
     assert (results / "benchmarks" / "sft.tsv").exists()
 
     # One MLflow run per job (1 data + 1 clean + 1 sft + 7x2 train + 8x2 eval + 1 report + 1 tables
-    # + 2 trace sets, 2 MC runs, MC figures, attribution, PRM training and scoring, attribution figures).
+    # + 2 trace sets, 2 MC runs, MC figures, attribution, PRM training and scoring, attribution figures,
+    # blame localisation).
     client = MlflowClient(tracking_uri=f"sqlite:///{results}/mlflow.db")
     exp = client.get_experiment_by_name("rredcot-smoke")
     runs = client.search_runs([exp.experiment_id], max_results=500)
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     parents = {r.data.tags["mlflow.parentRunId"] for r in children}
-    assert len(children) == 44 and len(parents) == 1
+    assert len(children) == 45 and len(parents) == 1
     assert all(r.info.status == "FINISHED" for r in children)
     train = [r for r in children if r.data.tags.get("rredcot.rule") == "train"]
     arms = ["bnpo", "dapo", "dr_grpo", "entropy", "grpo", "rredcot", "rredcot_entropy"]

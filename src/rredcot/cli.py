@@ -13,6 +13,7 @@
     rredcot credit-view --config C --model DIR --traces T --out DIR   credit pictures of a trace file
     rredcot study-traces | study-mc | study-mc-figures | study-attribution | study-prm-train |
             study-prm | study-attr-figures ...           the paper's analyses (Figures 3-7)
+            study-localisation                           where the blame of wrong traces lands (synthetic)
     rredcot tracking  ui|runs|server ...
 
 Each stage is also ``python -m rredcot.<module>``; ``rredcot STAGE --help`` shows its options.
@@ -47,6 +48,7 @@ STAGES = {
     "study-prm-train": "rredcot.studies.prm_train:main",
     "study-prm": "rredcot.studies.prm:main",
     "study-attr-figures": "rredcot.studies.figures_attr:main",
+    "study-localisation": "rredcot.studies.localisation:main",
     "tracking": "rredcot.tracking:main",
 }
 

@@ -115,8 +115,8 @@ _PROBLEM_RE = re.compile(r"Start at (\d+)((?:\s*,\s*(?:add|minus|times)\s+\d+)+)
 _STEP_RE = re.compile(r"(add|minus|times)\s+(\d+)")
 
 
-def solve(problem: str) -> str | None:
-    """Recompute the answer of a problem text; ``None`` if it is not a synthetic problem."""
+def parse_problem(problem: str) -> tuple[int, list[Step], int] | None:
+    """(start, steps, modulus) of a problem text; ``None`` if it is not a synthetic problem."""
     match = _PROBLEM_RE.fullmatch(problem.strip()) if isinstance(problem, str) else None
     if match is None:
         return None
@@ -124,7 +124,13 @@ def solve(problem: str) -> str | None:
     if modulus < 1:
         return None
     steps = [(_WORD_OPS[word], int(operand)) for word, operand in _STEP_RE.findall(match.group(2))]
-    return str(run_chain(int(match.group(1)), steps, modulus)[-1])
+    return int(match.group(1)), steps, modulus
+
+
+def solve(problem: str) -> str | None:
+    """Recompute the answer of a problem text; ``None`` if it is not a synthetic problem."""
+    parsed = parse_problem(problem)
+    return None if parsed is None else str(run_chain(*parsed)[-1])
 
 
 def _wrong_residue(rng: random.Random, correct: int, modulus: int) -> int:

@@ -108,6 +108,8 @@ STUDY_FIGURES = [
     )
     for ext in ("png", "pdf")
 ]
+# Only the synthetic task knows where a wrong trace goes wrong.
+STUDY_LOCALISATION = [f"{STUDY}/analysis/localisation.json"] if SYNTHETIC else []
 
 
 def study_data(wildcards):

@@ -213,3 +213,23 @@ rule study_attr_figures:
     shell:
         "rredcot study-attr-figures --config {params.cfg} --attributions {input.attributions}"
         " --prm {input.prm} --out-dir {params.out_dir} > {log} 2>&1"
+
+
+# Where the blame of wrong traces lands, checked against the step where each goes wrong; only the
+# synthetic task says which step that is.
+rule study_localisation:
+    input:
+        traces=f"{STUDY}/analysis/traces.jsonl",
+    output:
+        f"{STUDY}/analysis/localisation.json",
+    log:
+        f"{R}/logs/studies/localisation.log",
+    benchmark:
+        f"{R}/benchmarks/studies/localisation.tsv"
+    conda:
+        "../../envs/rredcot.yaml"
+    params:
+        cfg=PY_CONFIG,
+    shell:
+        "rredcot study-localisation --config {params.cfg} --traces {input.traces} --out {output}"
+        " > {log} 2>&1"

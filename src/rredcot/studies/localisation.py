@@ -1,0 +1,159 @@
+"""Does the blame land on the step where a wrong trace goes wrong? (synthetic task only)
+
+On the synthetic task every step of a trace can be checked, so the place where a wrong trace goes
+wrong is known. For each wrong trace of ``study-traces`` this finds the culprit:
+
+- the thinking line that set the first wrong kept value (a ``Wait,`` line revises the step before it,
+  so a corrected slip is not a culprit, and a value carried forward from a wrong step is not a new
+  one), or
+- the answer segment, when every value the thinking kept is right but the final solution is wrong
+  (it copied a value wrongly or computed the steps the thinking skipped wrongly);
+
+and reads the segment credit the trace got: the culprit segment's share of the blame weights
+(w_k = max(−r̂_k, 0) / Σ, METHOD.md 2.4 for a negative advantage), whether it got the largest
+weight, and chance (one over the number of segments). The same numbers for the σ mass: the culprit
+segment's share of Σσ against its share of the tokens.
+
+CLI: ``rredcot study-localisation --config C --traces traces.jsonl --out localisation.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rredcot.synthetic import THINK_END, parse_problem, run_chain
+
+_EQUATION = re.compile(r"(\d+)\s*([-+*])\s*(\d+)\s*=\s*(\d+)")
+_PROBLEM = re.compile(r"Start at .*?Work mod \d+\s*\.")
+
+
+def culprit(problem: str, completion: str) -> tuple[str, int] | None:
+    """(``"thinking"`` or ``"answer"``, character offset in the completion) of where a trace goes
+    wrong, or None when the problem is not synthetic or nothing in the trace is wrong."""
+    parsed = parse_problem(problem)
+    if parsed is None:
+        return None
+    start, steps, modulus = parsed
+    truth = run_chain(start, steps, modulus)
+    end = completion.find(THINK_END.strip())
+    thinking = completion if end < 0 else completion[:end]
+    kept: list[tuple[int, int]] = []  # (value, offset of the line that set it) per step
+    offset = 0
+    for line in thinking.split("\n"):
+        match = _EQUATION.search(line)
+        if match is not None:
+            value = int(match.group(4))
+            if line.lstrip().startswith("Wait") and kept:
+                kept[-1] = (value, offset)  # a revision of the step just written
+            else:
+                kept.append((value, offset))
+        offset += len(line) + 1
+    for (value, at), right in zip(kept, truth, strict=False):
+        if value != right:
+            return "thinking", at
+    final = completion[end:] if end >= 0 else ""
+    answers = re.findall(r"\\boxed\{([^{}]*)\}", final)
+    if end >= 0 and (not answers or answers[-1].strip() != str(truth[-1])):
+        return "answer", end
+    return None
+
+
+def trace_localisation(row: dict[str, Any]) -> dict[str, Any] | None:
+    """Where one wrong trace goes wrong and how much of its blame and σ that segment got."""
+    if row.get("correct") or row.get("truncated"):
+        return None
+    match = _PROBLEM.search(str(row.get("prompt", "")))
+    found = culprit(match.group(0), "".join(row["tokens"])) if match else None
+    if found is None:
+        return None
+    kind, char = found
+    tokens = row["tokens"]
+    ends, total = [], 0
+    for text in tokens:
+        total += len(text)
+        ends.append(total)
+    token = next((j for j, e in enumerate(ends) if e > char), len(tokens) - 1)
+    starts = row["segment_starts"]  # the answer segment, if any, is the last
+    segment = max(k for k, s in enumerate(starts) if s <= token)
+    rewards = row["segment_rewards"]
+    if len(rewards) != len(starts):
+        raise ValueError(f"trace {row.get('trace_id')}: {len(rewards)} rewards for {len(starts)} segments")
+    blame = [max(-r, 0.0) for r in rewards]
+    bounds = [*starts, len(tokens)]
+    sigma = row["sigma"]
+    seg_sigma = sum(sigma[bounds[segment] : bounds[segment + 1]])
+    return {
+        "trace_id": row.get("trace_id"),
+        "where": kind,
+        "segment": segment,
+        "segments": len(starts),
+        "blame_share": blame[segment] / sum(blame) if sum(blame) > 0 else 1.0 / len(starts),
+        "top_blame": bool(sum(blame) > 0 and blame[segment] == max(blame)),
+        "sigma_share": seg_sigma,
+        "token_share": (bounds[segment + 1] - bounds[segment]) / len(tokens),
+    }
+
+
+def summarise(found: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean blame share, top-blame rate and chance, over all wrong traces and per culprit location."""
+
+    def stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        if not rows:
+            return {"traces": 0}
+        return {
+            "traces": len(rows),
+            "top_blame_rate": statistics.mean(float(r["top_blame"]) for r in rows),
+            "blame_share": statistics.mean(r["blame_share"] for r in rows),
+            "chance": statistics.mean(1.0 / r["segments"] for r in rows),
+            "sigma_share": statistics.mean(r["sigma_share"] for r in rows),
+            "token_share": statistics.mean(r["token_share"] for r in rows),
+        }
+
+    return {
+        "all": stats(found),
+        "thinking": stats([r for r in found if r["where"] == "thinking"]),
+        "answer": stats([r for r in found if r["where"] == "answer"]),
+        "traces": found,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from rredcot.config import load_config
+    from rredcot.jsonl import read_jsonl, write_json
+    from rredcot.tracking import stage_run
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
+    ap.add_argument("--traces", required=True, help="traces with credit from study-traces (JSONL)")
+    ap.add_argument("--out", required=True, type=Path, help="summary (JSON)")
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config)
+    with stage_run(
+        cfg, "study-localisation", rule="study_localisation", params={"traces": args.traces}
+    ) as run:
+        rows = read_jsonl(args.traces)
+        found = [f for f in map(trace_localisation, rows) if f is not None]
+        summary = summarise(found)
+        write_json(args.out, summary)
+        run.log_artifact(args.out)
+        for part in ("all", "thinking", "answer"):
+            s = summary[part]
+            run.log_metrics({f"{part}/{key}": float(value) for key, value in s.items()})
+            if s["traces"]:
+                print(
+                    f"[study-localisation] {part}: {s['traces']} wrong traces, culprit segment has the "
+                    f"largest blame in {s['top_blame_rate']:.0%}, blame share {s['blame_share']:.2f} "
+                    f"(chance {s['chance']:.2f}), σ share {s['sigma_share']:.2f} "
+                    f"(token share {s['token_share']:.2f})",
+                    flush=True,
+                )
+        print(f"[study-localisation] wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Where a wrong synthetic trace goes wrong, and how much of its blame that segment gets."""
+
+from __future__ import annotations
+
+import pytest
+
+from rredcot.studies.localisation import culprit, summarise, trace_localisation
+
+PROBLEM = "Start at 5, minus 3, times 9, times 8. Work mod 10."  # 2, 8, 4
+
+
+def test_culprit_in_the_thinking_is_the_line_that_set_the_first_wrong_value() -> None:
+    text = "First, 5 - 3 = 2.\nNext, 2 * 9 = 7.\nFinally, 7 * 8 = 6.\n</think>\n"
+    text += "5 - 3 = 2, 2 * 9 = 7, 7 * 8 = 6. \\boxed{6}"
+    where, at = culprit(PROBLEM, text)
+    assert where == "thinking" and text[at:].startswith("Next, 2 * 9 = 7")
+
+
+def test_a_corrected_slip_is_not_the_culprit_but_a_wrong_correction_is() -> None:
+    fixed = "First, 5 - 3 = 1.\nWait, 5 - 3 = 2.\nNext, 2 * 9 = 8.\nFinally, 8 * 8 = 4.\n</think>\n"
+    assert culprit(PROBLEM, fixed + "5 - 3 = 2, 2 * 9 = 8, 8 * 8 = 4. \\boxed{4}") is None
+    broken = "First, 5 - 3 = 2.\nWait, 5 - 3 = 3.\nNext, 3 * 9 = 7.\n"
+    where, at = culprit(PROBLEM, broken + "</think>\n\\boxed{7}")
+    assert where == "thinking" and broken[at:].startswith("Wait, 5 - 3 = 3")
+
+
+def test_right_thinking_and_wrong_final_solution_blames_the_answer() -> None:
+    text = "First, 5 - 3 = 2.\nNext, 2 * 9 = 8.\nFinally, 8 * 8 = 4.\n</think>\n"
+    text += "5 - 3 = 2, 2 * 9 = 8, 8 * 8 = 2. \\boxed{2}"
+    where, at = culprit(PROBLEM, text)
+    assert where == "answer" and text[at:].startswith("</think>")
+    assert culprit("What is 2 + 2?", text) is None  # not a synthetic problem
+
+
+def _row(rewards: list[float]) -> dict:
+    lines = ["First, 5 - 3 = 2.\n", "Next, 2 * 9 = 7.\n", "Finally, 7 * 8 = 6.\n", "</think>\n\\boxed{6}"]
+    tokens = [piece for line in lines for piece in (line[:6], line[6:])]  # two tokens per line
+    return {
+        "trace_id": "t",
+        "prompt": f"Problem: {PROBLEM}\n<think>\n",
+        "tokens": tokens,
+        "correct": False,
+        "truncated": False,
+        "segment_starts": [0, 2, 4, 6],
+        "segment_rewards": rewards,
+        "sigma": [1 / len(tokens)] * len(tokens),
+    }
+
+
+def test_blame_share_of_the_culprit_segment() -> None:
+    hit = trace_localisation(_row([0.5, -3.0, -1.0, 0.0]))
+    assert hit["where"] == "thinking" and hit["segment"] == 1 and hit["segments"] == 4
+    assert hit["blame_share"] == pytest.approx(0.75) and hit["top_blame"]
+    assert hit["token_share"] == pytest.approx(0.25) and hit["sigma_share"] == pytest.approx(0.25)
+    miss = trace_localisation(_row([-2.0, -1.0, 0.0, 0.0]))
+    assert miss["blame_share"] == pytest.approx(1 / 3) and not miss["top_blame"]
+    assert trace_localisation({**_row([0.0] * 4), "correct": True}) is None
+    summary = summarise([hit, miss])
+    assert summary["thinking"]["traces"] == 2 and summary["answer"] == {"traces": 0}
+    assert summary["all"]["top_blame_rate"] == pytest.approx(0.5)
+    assert summary["all"]["chance"] == pytest.approx(0.25)
