@@ -59,3 +59,13 @@ def test_blame_share_of_the_culprit_segment() -> None:
     assert summary["thinking"]["traces"] == 2 and summary["answer"] == {"traces": 0}
     assert summary["all"]["top_blame_rate"] == pytest.approx(0.5)
     assert summary["all"]["chance"] == pytest.approx(0.25)
+
+
+def test_a_thinking_error_the_solution_did_not_copy_is_not_the_culprit() -> None:
+    # The thinking slips at step 2, the final solution recomputes it correctly and slips at step 3.
+    text = "First, 5 - 3 = 2.\nNext, 2 * 9 = 7.\nFinally, 7 * 8 = 6.\n</think>\n"
+    where, at = culprit(PROBLEM, text + "5 - 3 = 2, 2 * 9 = 8, 8 * 8 = 1. \\boxed{1}")
+    assert where == "answer" and text[at:].startswith("</think>")
+    # Without a final solution to read, the first wrong kept value is taken.
+    where, at = culprit(PROBLEM, text + "\\boxed{6}")
+    assert where == "thinking" and text[at:].startswith("Next, 2 * 9 = 7")

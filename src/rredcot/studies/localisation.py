@@ -3,11 +3,11 @@
 On the synthetic task every step of a trace can be checked, so the place where a wrong trace goes
 wrong is known. For each wrong trace of ``study-traces`` this finds the culprit:
 
-- the thinking line that set the first wrong kept value (a ``Wait,`` line revises the step before it,
-  so a corrected slip is not a culprit, and a value carried forward from a wrong step is not a new
-  one), or
-- the answer segment, when every value the thinking kept is right but the final solution is wrong
-  (it copied a value wrongly or computed the steps the thinking skipped wrongly);
+- the thinking line that set the wrong value the final solution copied: the first wrong value of
+  the final solution, when the thinking kept the same value for that step (a ``Wait,`` line revises
+  the step before it, so a corrected slip is not a culprit), or
+- the answer segment, when the final solution went wrong on its own: it copied a value wrongly, or
+  computed a step wrongly (a thinking error that the solution did not copy did not matter);
 
 and reads the segment credit the trace got: the culprit segment's share of the blame weights
 (w_k = max(−r̂_k, 0) / Σ, METHOD.md 2.4 for a negative advantage), whether it got the largest
@@ -34,7 +34,14 @@ _PROBLEM = re.compile(r"Start at .*?Work mod \d+\s*\.")
 
 def culprit(problem: str, completion: str) -> tuple[str, int] | None:
     """(``"thinking"`` or ``"answer"``, character offset in the completion) of where a trace goes
-    wrong, or None when the problem is not synthetic or nothing in the trace is wrong."""
+    wrong, or None when the problem is not synthetic or the final answer is right.
+
+    The final answer inherits its error from the first wrong value of the final solution. When the
+    thinking kept that same wrong value for that step, the solution copied it: the culprit is the
+    thinking line that set it. Otherwise the solution went wrong on its own (a slip in copying, or in
+    a step it computed itself; a thinking error it did not copy did not matter): the culprit is the
+    answer segment. Without a final solution the first wrong kept value of the thinking is taken.
+    """
     parsed = parse_problem(problem)
     if parsed is None:
         return None
@@ -53,14 +60,20 @@ def culprit(problem: str, completion: str) -> tuple[str, int] | None:
             else:
                 kept.append((value, offset))
         offset += len(line) + 1
-    for (value, at), right in zip(kept, truth, strict=False):
-        if value != right:
-            return "thinking", at
     final = completion[end:] if end >= 0 else ""
     answers = re.findall(r"\\boxed\{([^{}]*)\}", final)
-    if end >= 0 and (not answers or answers[-1].strip() != str(truth[-1])):
+    if answers and answers[-1].strip() == str(truth[-1]):
+        return None
+    written = [int(m.group(4)) for m in _EQUATION.finditer(final)]
+    wrong = next((i for i, (v, t) in enumerate(zip(written, truth, strict=False)) if v != t), None)
+    if wrong is not None:
+        if wrong < len(kept) and kept[wrong][0] == written[wrong]:
+            return "thinking", kept[wrong][1]
         return "answer", end
-    return None
+    first = next((at for (v, at), t in zip(kept, truth, strict=False) if v != t), None)
+    if first is not None and not written:
+        return "thinking", first
+    return ("answer", end) if end >= 0 else None
 
 
 def trace_localisation(row: dict[str, Any]) -> dict[str, Any] | None:
