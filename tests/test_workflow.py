@@ -61,7 +61,9 @@ def test_smoke_workflow(tmp_path):
         for ext in ("png", "pdf"):
             assert (results / "figures" / f"{name}.{ext}").stat().st_size > 1000, name
     localisation = json.loads((results / "studies" / "analysis" / "localisation.json").read_text())
-    assert localisation["all"]["traces"] == len(localisation["traces"]) > 0
+    # The smoke model writes noise (no exit, no equations), so few or no traces have a culprit.
+    assert localisation["all"]["traces"] == len(localisation["traces"])
+    assert set(localisation) == {"all", "thinking", "answer", "traces"}
     table2 = pl.read_csv(results / "table2.csv")
     assert {"benchmark", "base_mean", "grpo_mean", "rredcot_mean", "paper_open_rs"} <= set(table2.columns)
     cost = pl.read_csv(results / "cost.csv")
