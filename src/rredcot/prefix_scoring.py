@@ -57,8 +57,6 @@ MASK_CAPABLE = ("eager", "sdpa")
 # waste less attention on other suffixes' masked keys but copy the prefix keys more often.
 ROW_QUERY_FRACTION = 8
 PASS_KEY_BAND = 0.7
-# Grouping of traces for the trace pass (see ``_trace_chunks``).
-TRACE_LENGTH_BAND = 0.85
 
 
 @dataclass(frozen=True)
