@@ -68,8 +68,13 @@ def test_smoke_workflow(tmp_path):
     assert {"benchmark", "base_mean", "grpo_mean", "rredcot_mean", "paper_open_rs"} <= set(table2.columns)
     cost = pl.read_csv(results / "cost.csv")
     assert {"GRPO", "RREDCoT"} <= set(cost["item"].to_list()) and "study" in cost["kind"].to_list()
-    within = dict(zip(cost["item"].to_list(), cost["step_ratio_within_run"].to_list(), strict=True))
-    assert within["GRPO"] == 1.0 and within["RREDCoT"] > 1.0  # uniform credit costs nothing
+    items = cost["item"].to_list()
+    within = dict(zip(items, cost["step_ratio_within_run"].to_list(), strict=True))
+    credit_s = dict(zip(items, cost["credit_s_per_step"].to_list(), strict=True))
+    # Uniform credit costs nothing. The smoke model's noise traces rarely reach an exit, so RREDCoT's
+    # credit can be a sliver of its step and the rounded ratio may read 1.0.
+    assert within["GRPO"] == 1.0 and credit_s["GRPO"] == 0.0
+    assert within["RREDCoT"] >= 1.0 and credit_s["RREDCoT"] > 0.0
 
     report = json.loads((results / "clean" / "report.json").read_text())
     assert report["flagged_fraction"] == pytest.approx(0.15)
