@@ -85,6 +85,8 @@ def _assert_same(single: list, naive: list) -> float:
             torch.testing.assert_close(x, y, atol=ATOL, rtol=0)
             worst = max(worst, float((x - y).abs().max()) if x.numel() else 0.0)
         torch.testing.assert_close(a.entropies, b.entropies, atol=1e-4, rtol=0)
+        # The most likely token at each completion position (the greedy baseline's shortcut).
+        assert a.greedy_ids.dtype == torch.long and torch.equal(a.greedy_ids, b.greedy_ids)
         assert (a.log_p_own_answer is None) == (b.log_p_own_answer is None)
         if a.log_p_own_answer is not None:
             torch.testing.assert_close(a.log_p_own_answer, b.log_p_own_answer, atol=ATOL, rtol=0)

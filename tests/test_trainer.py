@@ -261,7 +261,7 @@ def test_answer_reward_is_own_minus_reference_answer_log_prob(setup):
     from rredcot.exit_scoring import score_exit_points
 
     cfg, tok, model, _, _ = setup
-    assigner, ids, out = _assign(setup, WRONG_TRACE, scorer="single_pass")
+    assigner, ids, out = _assign(setup, WRONG_TRACE, scorer="single_pass", answer_baseline="reference")
     texts = assigner.token_texts(ids)
     end = thinking_end(texts, "</think>\n")
     box = assigner.encode(" \\boxed{")
@@ -282,6 +282,68 @@ def test_answer_reward_is_own_minus_reference_answer_log_prob(setup):
     )
     expected = float(own.log_p_answer[0] - ref.log_p_answer[0])
     assert out.answer_reward == pytest.approx(expected, abs=1e-4)
+
+
+def _greedy(model, ids: list[int], n: int) -> list[int]:
+    """n greedy tokens after ids, one full forward pass per token."""
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            out.append(int(model(torch.tensor([ids + out])).logits[0, -1].argmax()))
+    return out
+
+
+def _answer_log_prob(model, ids: list[int], answer: list[int]) -> float:
+    """log p(answer | ids), teacher-forced."""
+    with torch.no_grad():
+        log_p = torch.log_softmax(model(torch.tensor([ids + answer])).logits[0], dim=-1)
+    return sum(float(log_p[len(ids) + j - 1, t]) for j, t in enumerate(answer))
+
+
+def test_greedy_answer_baseline_is_the_solution_the_model_would_write(setup):
+    """r̂ = log p(y | own solution) - log p(y | greedy solution), both after the model's own exit;
+    a final solution that is the model's greedy one gets exactly 0."""
+    cfg, tok, model, _, _ = setup
+    assigner, ids, out = _assign(setup, WRONG_TRACE, answer_baseline="greedy")
+    texts = assigner.token_texts(ids)
+    head_end = find_text(texts, ">", start=thinking_end(texts, "</think>\n")) + 1  # after "</think>"
+    prompt = assigner.encode("Problem: Start at 9, times 2, add 6. Work mod 10.\n<think>\n")
+    box, answer = assigner.encode(" \\boxed{"), assigner.encode("4")
+    own_cut = find_text(texts, "\\boxed{", start=head_end, last=True)
+    own = _answer_log_prob(model, prompt + ids[:own_cut] + box, answer)
+    # The untrained model never writes "\boxed{" or EOS: its greedy solution runs to the limit,
+    # twice the own solution plus 8 tokens, and the answer is forced after it.
+    greedy = _greedy(model, prompt + ids[:head_end], 2 * (own_cut - head_end) + 8)
+    assert tok.eos_token_id not in greedy and "\\boxed{" not in "".join(assigner.token_texts(greedy))
+    baseline = _answer_log_prob(model, prompt + ids[:head_end] + greedy + box, answer)
+    assert out.answer_reward == pytest.approx(own - baseline, abs=1e-4)
+
+    # Make the model's own greedy choice the end of its solution: with the answer prefix set to the
+    # text of its i-th greedy token, the greedy solution is its first i tokens (none, for this
+    # untrained model, which repeats one token), and a trace that writes exactly those is faithful.
+    first = _greedy(model, prompt + ids[:head_end], 12)
+    # No EOS after the answer: the text of this tokenizer's EOS holds ">", the untrained model's token.
+    close, eos = assigner.encode("}"), []
+    tail = "".join(assigner.token_texts(answer + close))
+    i, needle = next(
+        (i, t)
+        for i, t in enumerate(assigner.token_texts(first))
+        if t and t.strip() == t and t not in tail and t not in "".join(assigner.token_texts(first[:i]))
+    )
+    prefix = assigner.encode(needle)
+    faithful = ids[:head_end] + first[: i + 1] + answer + close + eos
+    credit = credit_config(cfg, "rredcot")
+    credit.answer_prefix, credit.answer_baseline = needle, "greedy"
+    (out,) = CreditAssigner(tok, credit).assign(model, [TraceInput(prompt, faithful, -1.0, [("x", "4")])])
+    assert out.baseline_solution == first[:i] and out.answer_reward == 0.0
+    # A solution off the greedy path (one more token) is judged against it.
+    slip = assigner.encode("7")
+    slipped = ids[:head_end] + first[:i] + slip + [first[i]] + answer + close + eos
+    (out,) = CreditAssigner(tok, credit).assign(model, [TraceInput(prompt, slipped, -1.0, [("x", "4")])])
+    own = _answer_log_prob(model, prompt + ids[:head_end] + first[:i] + slip + prefix, answer)
+    baseline = _answer_log_prob(model, prompt + ids[:head_end] + first[:i] + prefix, answer)
+    assert out.baseline_solution == first[:i] and out.answer_reward == pytest.approx(own - baseline, abs=1e-4)
+    assert out.answer_reward != 0.0
 
 
 def test_a_trace_that_exits_at_once_gets_uniform_credit(setup):

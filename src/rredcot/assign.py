@@ -9,6 +9,7 @@ from (segments, exit points, values, thought and answer NLLs, entropies). It kno
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 
 from rredcot import credit as C
 from rredcot import segmentation as S
+from rredcot.answer_baseline import greedy_answer_log_probs
 from rredcot.exit_scoring import (
     ExitStrings,
     TraceExits,
@@ -50,6 +52,10 @@ class CreditConfig:
     """``policy`` (the model that generated the batch) or ``reference`` (a frozen copy of the start)."""
     scorer: str = "single_pass"
     """``single_pass`` (shared prefix, tree mask) or ``naive`` (one sequence per exit point)."""
+    answer_baseline: str = "greedy"
+    """What the answer segment's own final solution is compared with at the model's exit: ``greedy``
+    (the solution the value model itself would write there, decoded greedily) or ``reference`` (the
+    reference solution). See ``answer_baseline.py``."""
     budget: ScoringBudget = field(default_factory=ScoringBudget)
     """Memory bounds of the scoring passes."""
     view_every: int = 0
@@ -63,6 +69,7 @@ class CreditConfig:
             "proposal": ("uniform", "given"),
             "value_model": ("policy", "reference"),
             "scorer": ("single_pass", "naive"),
+            "answer_baseline": ("greedy", "reference"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -71,6 +78,8 @@ class CreditConfig:
             raise ValueError("proposal 'given' covers the dataset pair only; turn group_pairs off")
         if not 0.0 <= self.mix <= 1.0:
             raise ValueError(f"mix must lie in [0, 1], got {self.mix}")
+        if self.answer_baseline == "greedy" and not self.answer_prefix.strip():
+            raise ValueError("answer_baseline 'greedy' needs a non-blank answer_prefix to end the solution")
 
 
 @dataclass
@@ -85,6 +94,7 @@ class TraceCredit:
     log_p_answer: torch.Tensor = field(default_factory=lambda: torch.empty(0))
     entropies: torch.Tensor = field(default_factory=lambda: torch.empty(0))
     answer_reward: float | None = None  # r̂ of the answer segment after the model's own exit
+    baseline_solution: list[int] | None = None  # greedy solution at the exit (answer_baseline greedy)
 
 
 @dataclass
@@ -210,10 +220,89 @@ class CreditAssigner:
             scores = score_traces_naive(value_model, specs, self.strings(), budget.max_batch_tokens, cuts_for)
         if ents is not None:
             scores = [
-                TraceScores(sc.cuts, sc.log_p_solution, sc.log_p_answer, ents[j], sc.log_p_own_answer)
+                TraceScores(
+                    sc.cuts, sc.log_p_solution, sc.log_p_answer, ents[j], sc.log_p_own_answer, sc.greedy_ids
+                )
                 for j, sc in enumerate(scores)
             ]
-        return [self._trace_credit(items[j], starts[j], ends[j], sc) for j, sc in enumerate(scores)]
+        baselines = [None] * len(items)
+        if cfg.answer_baseline == "greedy":
+            baselines = self._greedy_baselines(value_model, items, texts, ends, specs, scores)
+        return [
+            self._trace_credit(items[j], starts[j], ends[j], sc, baselines[j]) for j, sc in enumerate(scores)
+        ]
+
+    def _greedy_baselines(
+        self,
+        model: torch.nn.Module,
+        items: list[TraceInput],
+        texts: list[list[str]],
+        ends: list[int | None],
+        specs: list[TraceExits],
+        scores: list[TraceScores],
+    ) -> list[_Baseline | None]:
+        """Per trace with an answer segment: its greedy final solution and log p(y_ref | it, s_e).
+
+        The solution starts after the token holding the end of the model's own exit string. The
+        scoring pass already knows the model's most likely token at every completion position, so
+        as long as the trace follows it, greedy decoding would write the trace's own tokens: a trace
+        whose whole final solution (up to its answer prefix) does so is faithful and needs no decoding.
+        The others decode from their first departure; identical heads with the same answer decode once.
+        """
+        needle = self.cfg.answer_prefix.strip()
+        exit_needle = self.cfg.exit_string.strip()
+        eos = self.tok.eos_token_id
+
+        def stop_at(solution: list[int]) -> int | None:
+            return S.find_text(self.token_texts(solution), needle)
+
+        starts = {
+            j: _exit_end(texts[j], ends[j], exit_needle)
+            for j, spec in enumerate(specs)
+            if ends[j] is not None and spec.answer_cut is not None
+        }
+        out: list[_Baseline | None] = [None] * len(items)
+        if not starts:
+            return out
+        # Room for a solution twice the longest own one: a greedy solution that has not ended by
+        # then is cut there and the answer forced after it.
+        max_new = 2 * max(max(specs[j].answer_cut - start for j, start in starts.items()), 1) + 8
+        jobs: dict[tuple[tuple[int, ...], tuple[int, ...], int], list[int]] = {}
+        for j, start in starts.items():
+            completion, greedy = items[j].completion_ids, scores[j].greedy_ids
+            own = completion[start : specs[j].answer_cut]
+            agree = start
+            while agree < len(completion) and int(greedy[agree]) == completion[agree]:
+                agree += 1
+            written = _follow(completion[start:agree], stop_at, eos, max_new)
+            if written == own:
+                out[j] = _Baseline(float(scores[j].log_p_own_answer), own, True)
+                continue
+            # Decode from the first departure; if greedy decoding would already have ended before
+            # it (rare: an earlier answer prefix or EOS), from the start of the solution.
+            resume = agree if written is None else start
+            head = (*items[j].prompt_ids, *completion[:resume])
+            key = (head, tuple(specs[j].pairs[0][1]), len(items[j].prompt_ids) + start)
+            jobs.setdefault(key, []).append(j)
+        if not jobs:
+            return out
+        keys = list(jobs)
+        log_p, solutions = greedy_answer_log_probs(
+            model,
+            [list(k[0]) for k in keys],
+            [list(k[1]) for k in keys],
+            self.encode(self.cfg.answer_prefix),
+            self.encode(self.cfg.answer_suffix),
+            stop_at,
+            [eos],
+            max_new,
+            solution_starts=[k[2] for k in keys],
+        )
+        for k, lp, solution in zip(keys, log_p.tolist(), solutions, strict=True):
+            for j in jobs[k]:
+                own = items[j].completion_ids[starts[j] : specs[j].answer_cut]
+                out[j] = _Baseline(lp, solution, own == solution)
+        return out
 
     def _own_answer_cut(self, completion: list[int], texts: list[str], end: int | None) -> int | None:
         """Where the model's own final solution ends: its last answer prefix after the exit, else the
@@ -228,20 +317,31 @@ class CreditAssigner:
         return len(completion) - 1 if completion[-1] == eos else len(completion)
 
     def _trace_credit(
-        self, item: TraceInput, starts: list[int], answer_at: int | None, scores: TraceScores
+        self,
+        item: TraceInput,
+        starts: list[int],
+        answer_at: int | None,
+        scores: TraceScores,
+        baseline: _Baseline | None = None,
     ) -> TraceCredit:
         n = len(item.completion_ids)
         log_v = C.exit_log_values(scores.log_p_solution, scores.log_p_answer, item.log_q, item.utility)
         rewards = C.segment_rewards(log_v)
         answer_reward = None
         if answer_at is not None and answer_at < n:
-            # The answer segment's reward compares how well the model's own final solution and the
-            # reference solution, both read at the model's exit, lead to the reference answer:
-            # r̂ = log p(y | own solution, s_e) - log p(y | u_ref, s_e). Both are answer NLLs, so the
-            # reference solution's (large) likelihood cannot leak into it; a wrong final solution
-            # earns blame, a right one about 0.
+            # The answer segment's reward compares how well the model's own final solution and a
+            # baseline solution, both read at the model's exit, lead to the reference answer:
+            # r̂ = log p(y | own solution, s_e) - log p(y | baseline, s_e). Both are answer NLLs, so
+            # no solution's (large) likelihood leaks into it. With the greedy baseline a faithful
+            # solution (the one the model expects to write there) gets 0 and a slip the blame; with
+            # the reference solution a faithful copy of a wrong thought is blamed too.
             starts = [*starts, answer_at]
-            answer_reward = float(scores.log_p_own_answer - scores.log_p_answer[-1, 0])
+            if baseline is None:
+                answer_reward = float(scores.log_p_own_answer - scores.log_p_answer[-1, 0])
+            elif baseline.is_own:  # the same text scored twice: exactly 0, not float round-off
+                answer_reward = 0.0
+            else:
+                answer_reward = float(scores.log_p_own_answer) - baseline.log_p_answer
             answer_reward = max(answer_reward, C.LOG_VALUE_FLOOR)
             rewards = torch.cat([rewards, rewards.new_tensor([answer_reward])])
         ids = S.segment_ids_from_starts(starts, n)
@@ -256,7 +356,49 @@ class CreditAssigner:
             scores.log_p_answer,
             scores.entropies,
             answer_reward,
+            baseline.solution if baseline is not None else None,
         )
+
+
+@dataclass(frozen=True)
+class _Baseline:
+    """The greedy final solution at a trace's exit and how well it leads to the reference answer."""
+
+    log_p_answer: float  # log p(y_ref | greedy solution, s_e)
+    solution: list[int]
+    is_own: bool  # the trace's own final solution is exactly this one
+
+
+def _exit_end(texts: list[str], begin: int, needle: str) -> int:
+    """Index after the token holding the last character of ``needle``, which begins in ``texts[begin]``."""
+    at = "".join(texts[begin:]).find(needle)
+    if at < 0:
+        raise ValueError(f"exit string {needle!r} not found from token {begin}")
+    end, total = at + len(needle), 0
+    for i, text in enumerate(texts[begin:]):
+        total += len(text)
+        if total >= end:
+            return begin + i + 1
+    return len(texts)
+
+
+def _follow(
+    tokens: list[int], stop_at: Callable[[list[int]], int | None], eos: int, max_new: int
+) -> list[int] | None:
+    """The solution greedy decoding ends with if it writes ``tokens`` (None: it has not ended yet).
+
+    The same rules as ``greedy_answer_log_probs``: an EOS or the length limit ends it before the
+    token, the answer prefix ends it where the prefix begins.
+    """
+    solution: list[int] = []
+    for token in tokens:
+        if token == eos or len(solution) >= max_new:
+            return solution
+        solution.append(token)
+        cut = stop_at(solution)
+        if cut is not None:
+            return solution[:cut]
+    return None
 
 
 def _one_segment(item: TraceInput) -> list[int]:

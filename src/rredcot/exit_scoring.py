@@ -81,6 +81,9 @@ class TraceScores:
     log_p_answer: Tensor  # log p(y|u,s): minus the reference answer NLL
     entropies: Tensor  # [completion length], float32
     log_p_own_answer: Tensor | None = None  # log p(y_1 | own solution, s): scalar, with answer_cut
+    # The token the model finds most likely at each completion position (long; -1 where no position
+    # predicts it): where the completion follows it, greedy decoding would have written the same.
+    greedy_ids: Tensor | None = None
 
 
 # A chunk of traces is right-padded to its longest; a trace shorter than this fraction of it starts
@@ -280,10 +283,20 @@ def completion_entropies(
     Position ``P + j - 1`` predicts completion token j; with an empty prompt the first token has no
     predicting position and gets the mean entropy of the others (as in ``prefix_scoring``).
     """
+    return [h for h, _ in completion_predictions(model, traces, max_batch_tokens)]
+
+
+def completion_predictions(
+    model: torch.nn.Module,
+    traces: Sequence[tuple[Sequence[int], Sequence[int]]],
+    max_batch_tokens: int = 32768,
+) -> list[tuple[Tensor, Tensor]]:
+    """Per trace: ``completion_entropies`` and the most likely token at each completion position
+    (long, -1 for a first token that no position predicts)."""
     from rredcot.credit import token_entropies
 
     device = model_device(model)
-    out: list[Tensor] = [torch.zeros(0)] * len(traces)
+    out: list[tuple[Tensor, Tensor]] = [(torch.zeros(0), torch.zeros(0, dtype=torch.long))] * len(traces)
     members = distinct_traces(traces)
     reps = list(members)
     seqs = {i: [*traces[i][0], *traces[i][1]] for i in reps}
@@ -299,15 +312,17 @@ def completion_entropies(
         for b, i in enumerate(rows):
             p, n = len(traces[i][0]), len(traces[i][1])
             if n == 0:
-                h = torch.zeros(0)
+                h, g = torch.zeros(0), torch.zeros(0, dtype=torch.long)
             elif p == 0:
                 rest = token_entropies(logits[b, : n - 1]).cpu()
                 first = rest.mean() if rest.numel() else torch.tensor(0.0)
                 h = torch.cat([first.reshape(1), rest])
+                g = torch.cat([torch.full((1,), -1), logits[b, : n - 1].argmax(dim=-1).cpu()])
             else:
                 h = token_entropies(logits[b, p - 1 : p + n - 1]).cpu()
+                g = logits[b, p - 1 : p + n - 1].argmax(dim=-1).cpu()
             for j in members[i]:
-                out[j] = h
+                out[j] = (h, g)
 
     with torch.inference_mode():
         for chunk in length_chunks([len(seqs[i]) for i in reps], max_batch_tokens):
@@ -327,9 +342,10 @@ def score_traces_naive(
     All (trace, cut, pair) sequences share the batching budget. Entropies come from an extra forward
     pass over the traces.
     """
-    entropies = completion_entropies(
+    predictions = completion_predictions(
         model, [(t.prompt_ids, t.completion_ids) for t in traces], max_batch_tokens
     )
+    entropies = [h for h, _ in predictions]
     jobs: list[_Job] = []
     bounds = []
     for i, t in enumerate(traces):
@@ -365,10 +381,9 @@ def score_traces_naive(
             )
     log_p_solution, log_p_answer = _score_jobs(model, jobs, max_batch_tokens)
     results = []
-    for i, ((a, b, cuts), t, ent) in enumerate(zip(bounds, traces, entropies, strict=True)):
+    for i, ((a, b, cuts), t, (ent, greedy)) in enumerate(zip(bounds, traces, predictions, strict=True)):
         shape = (len(cuts), len(t.pairs))
         own_answer = log_p_answer[own[i]] if i in own else None
-        results.append(
-            TraceScores(cuts, log_p_solution[a:b].view(shape), log_p_answer[a:b].view(shape), ent, own_answer)
-        )
+        sol, ans = log_p_solution[a:b].view(shape), log_p_answer[a:b].view(shape)
+        results.append(TraceScores(cuts, sol, ans, ent, own_answer, greedy))
     return results

@@ -109,12 +109,19 @@ def _token_log_probs(
     return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
 
 
-def _entropies(model: torch.nn.Module, hidden: Tensor, budget: ScoringBudget) -> Tensor:
-    """Predictive entropy in bits for hidden states [n, d], in vocabulary-bounded chunks."""
+def _entropies(model: torch.nn.Module, hidden: Tensor, budget: ScoringBudget) -> tuple[Tensor, Tensor]:
+    """Predictive entropy in bits and the most likely token for hidden states [n, d], in
+    vocabulary-bounded chunks."""
     vocab = model.get_output_embeddings().weight.shape[0]
     step = max(1, budget.max_logit_elements // vocab)
-    out = [token_entropies(_lm_logits(model, hidden[a : a + step])) for a in range(0, hidden.shape[0], step)]
-    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+    bits, best = [], []
+    for a in range(0, hidden.shape[0], step):
+        logits = _lm_logits(model, hidden[a : a + step])
+        bits.append(token_entropies(logits))
+        best.append(logits.argmax(dim=-1))
+    if not bits:
+        return hidden.new_zeros(0, dtype=torch.float32), torch.zeros(0, dtype=torch.long)
+    return torch.cat(bits), torch.cat(best)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -124,7 +131,7 @@ def _entropies(model: torch.nn.Module, hidden: Tensor, budget: ScoringBudget) ->
 
 @dataclass
 class _TraceChunk:
-    """KV cache and entropies of a chunk of traces after the trace pass."""
+    """KV cache of a chunk of traces after the trace pass."""
 
     indices: list[int]  # trace indices, one per cache row
     cache: DynamicCache
@@ -133,8 +140,9 @@ class _TraceChunk:
 
 def _run_trace_pass(
     model: torch.nn.Module, traces: Sequence[TraceExits], rows: list[int], budget: ScoringBudget
-) -> tuple[_TraceChunk, list[Tensor]]:
-    """Forward ``prompt ⊕ completion`` for the given traces; returns the cache and completion entropies."""
+) -> tuple[_TraceChunk, list[Tensor], list[Tensor]]:
+    """Forward ``prompt ⊕ completion`` for the given traces; returns the cache, the completion's
+    entropies and the token the model finds most likely at each completion position (-1: none)."""
     device = model_device(model)
     seqs = [[*traces[i].prompt_ids, *traces[i].completion_ids] for i in rows]
     width = max(len(s) for s in seqs)
@@ -152,20 +160,25 @@ def _run_trace_pass(
         use_cache=True,
     )
     hidden = out.last_hidden_state
-    entropies = []
+    entropies, greedy = [], []
     for b, i in enumerate(rows):
         p, n = len(traces[i].prompt_ids), len(traces[i].completion_ids)
         # Position t predicts token t+1: completion token j is predicted at position p + j - 1.
         if n == 0:
             entropies.append(torch.zeros(0))
+            greedy.append(torch.zeros(0, dtype=torch.long))
         elif p == 0:
             # The first completion token has no predicting position; give it the mean entropy of the rest.
-            h = _entropies(model, hidden[b, : n - 1], budget).cpu()
+            h, g = _entropies(model, hidden[b, : n - 1], budget)
+            h = h.cpu()
             first = h.mean() if h.numel() else torch.tensor(0.0)
             entropies.append(torch.cat([first.reshape(1), h]))
+            greedy.append(torch.cat([torch.full((1,), -1), g.cpu()]))
         else:
-            entropies.append(_entropies(model, hidden[b, p - 1 : p + n - 1], budget).cpu())
-    return _TraceChunk(rows, out.past_key_values, width), entropies
+            h, g = _entropies(model, hidden[b, p - 1 : p + n - 1], budget)
+            entropies.append(h.cpu())
+            greedy.append(g.cpu())
+    return _TraceChunk(rows, out.past_key_values, width), entropies, greedy
 
 
 # --------------------------------------------------------------------------------------------------
@@ -409,8 +422,9 @@ def score_traces_single_pass(
     with torch.inference_mode():
         for positions in length_chunks(lengths, budget.max_batch_tokens):
             rows = [reps[j] for j in positions]
-            chunk, rep_entropies = _run_trace_pass(model, traces, rows, budget)
+            chunk, rep_entropies, rep_greedy = _run_trace_pass(model, traces, rows, budget)
             entropies = {i: ent for rep, ent in zip(rows, rep_entropies, strict=True) for i in members[rep]}
+            greedy = {i: g for rep, g in zip(rows, rep_greedy, strict=True) for i in members[rep]}
             cuts: dict[int, list[int]] = {}
             for i, ent in entropies.items():
                 given = traces[i].cuts
@@ -441,6 +455,6 @@ def score_traces_single_pass(
                 sol = flat[a:b].float().view(shape)
                 ans = flat[n_out + a : n_out + b].float().view(shape)
                 own = flat[n_out + b].float() if traces[i].answer_cut is not None else None
-                results[i] = TraceScores(cuts[i], sol, ans, ent, own)
+                results[i] = TraceScores(cuts[i], sol, ans, ent, own, greedy[i])
             del chunk
     return results  # type: ignore[return-value]

@@ -66,6 +66,7 @@ def credit_config(cfg: Mapping[str, Any], arm: str) -> CreditConfig:
         proposal=c["proposal"],
         value_model=c["value_model"],
         scorer=c["scorer"],
+        answer_baseline=c["answer_baseline"],
         budget=ScoringBudget(**{k: c[k] for k in BUDGET_KEYS}),
         view_every=c["view_every"],
         view_samples=c["view_samples"],

@@ -1,0 +1,170 @@
+"""The answer segment's baseline: the final solution the model itself would write at its exit.
+
+The answer segment (the model's own final solution and boxed answer after its exit) is judged by
+how well that solution leads to the reference answer, against a baseline solution read at the same
+exit state ``s_e``:
+
+    r̂_answer = log p(y_ref | own solution, s_e) − log p(y_ref | baseline solution, s_e)
+
+With the reference solution as baseline, a final solution that faithfully copies a wrong thought is
+blamed as much as one that slips: both lead away from ``y_ref``. The fair baseline is what the
+model would write at ``s_e`` itself. ``greedy_answer_log_probs`` decodes that solution greedily (a
+few dozen tokens per trace, batched, with a KV cache) and teacher-forces
+``answer_prefix ⊕ y_ref ⊕ answer_suffix`` right after it, in the same loop: a faithful solution is
+its own greedy solution and gets exactly 0, a slip (a sampled token the model did not expect) keeps
+its blame.
+
+The loop feeds one token per row per step. A row is first *greedy* (it feeds its argmax; the
+solution may begin inside the head, where the caller knows greedy decoding agrees with the trace)
+until its decoded text holds the answer prefix (stripped of whitespace, as in ``CreditAssigner``), an EOS,
+or ``max_new_tokens``; the tokens from the one holding the prefix's first character on are then
+masked out of the cache (their slots never count again, and positions restart there), and the row
+is *forced*: it feeds ``answer_prefix ⊕ y_ref ⊕ answer_suffix`` and sums the log-probabilities of
+the ``y_ref`` tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from rredcot.exit_scoring import model_device
+
+
+@dataclass
+class _Row:
+    """One head being decoded, then forced."""
+
+    head: list[int]
+    forced: list[int]  # answer_prefix ⊕ answer ⊕ answer_suffix, fed after the greedy solution
+    answer_span: range  # indices into ``forced`` of the answer tokens
+    generated: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)  # cache slot of each generated token
+    fed_forced: int = 0  # forced tokens already fed
+    log_p: float = 0.0
+    phase: str = "greedy"  # greedy -> forced -> done
+
+
+def greedy_answer_log_probs(
+    model: torch.nn.Module,
+    heads: Sequence[Sequence[int]],
+    answers: Sequence[Sequence[int]],
+    answer_prefix_ids: Sequence[int],
+    answer_suffix_ids: Sequence[int],
+    stop_at: Callable[[list[int]], int | None],
+    eos_ids: Sequence[int],
+    max_new_tokens: int,
+    solution_starts: Sequence[int] | None = None,
+) -> tuple[Tensor, list[list[int]]]:
+    """``log p(answer | greedy solution, head)`` per row, and each row's greedy solution.
+
+    The final solution begins at ``heads[b][solution_starts[b]]`` (default: after the head, i.e.
+    after the exit string); head tokens from there on are the start of the greedy solution, already
+    known (the caller checked that the model's argmax agrees with them). ``stop_at(solution)``
+    returns the index of the solution token where the answer prefix begins, or None while it has
+    not appeared. Generation also ends at an EOS (not kept) or when the solution holds
+    ``max_new_tokens``; the answer is then forced after the solution. Returns float32 [rows].
+    """
+    if len(heads) != len(answers):
+        raise ValueError(f"{len(heads)} heads but {len(answers)} answers")
+    starts = [len(h) for h in heads] if solution_starts is None else list(solution_starts)
+    if len(starts) != len(heads) or any(not 0 <= s <= len(h) for s, h in zip(starts, heads, strict=True)):
+        raise ValueError("solution_starts must give one index within each head")
+    if not heads:
+        return torch.zeros(0), []
+    if any(not h for h in heads):
+        raise ValueError("every head needs at least one token")
+    prefix, suffix = list(answer_prefix_ids), list(answer_suffix_ids)
+    rows = [
+        _Row(list(h), [*prefix, *a, *suffix], range(len(prefix), len(prefix) + len(a)))
+        for h, a in zip(heads, answers, strict=True)
+    ]
+    eos = set(eos_ids)
+    device = model_device(model)
+    width = max(len(r.head) for r in rows)
+    for r, s in zip(rows, starts, strict=True):
+        pad = width - len(r.head)
+        r.generated, r.slots = r.head[s:], list(range(pad + s, width))
+    # Left padding: every head ends at the same slot, so one new slot per step serves all rows.
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, width - len(r.head) :] = torch.tensor(r.head)
+        mask[b, width - len(r.head) :] = 1
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    next_pos = [len(r.head) for r in rows]
+    mask, ids, positions = mask.to(device), ids.to(device), positions.to(device)
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        cache, log_p = out.past_key_values, torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+        for _ in range(max_new_tokens + len(prefix) + max(len(a) for a in answers) + len(suffix) + 1):
+            feed = []
+            for b, r in enumerate(rows):
+                feed.append(_next_token(r, log_p[b], stop_at, eos, max_new_tokens, mask, next_pos, b))
+            if all(r.phase == "done" for r in rows):
+                break
+            slot = mask.shape[1]
+            for b, r in enumerate(rows):
+                if r.phase == "greedy" and feed[b] is not None:
+                    r.slots.append(slot)
+            step_ids = torch.tensor([[t if t is not None else 0] for t in feed], device=device)
+            live = torch.tensor([[int(t is not None)] for t in feed], device=device)
+            step_pos = torch.tensor([[p] for p in next_pos], device=device)
+            for b, t in enumerate(feed):
+                if t is not None:
+                    next_pos[b] += 1
+            mask = torch.cat([mask, live], dim=1)
+            out = model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=step_pos,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache, log_p = out.past_key_values, torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+    return torch.tensor([r.log_p for r in rows], dtype=torch.float32), [r.generated for r in rows]
+
+
+def _next_token(
+    r: _Row,
+    log_p: Tensor,
+    stop_at: Callable[[list[int]], int | None],
+    eos: set[int],
+    max_new_tokens: int,
+    mask: Tensor,
+    next_pos: list[int],
+    b: int,
+) -> int | None:
+    """The token row ``b`` feeds next (None: nothing, the row is done); ``log_p`` predicts it."""
+    if r.phase == "greedy":
+        token = int(log_p.argmax())
+        if token in eos or len(r.generated) >= max_new_tokens:
+            r.phase = "forced"
+        else:
+            r.generated.append(token)
+            cut = stop_at(r.generated)
+            if cut is None:
+                return token
+            # The answer prefix begins in generated[cut]: drop it and what follows from the cache.
+            dropped = r.slots[cut:]
+            if dropped:
+                mask[b, dropped] = 0
+            next_pos[b] -= len(dropped)
+            del r.generated[cut:], r.slots[cut:]
+            r.phase = "forced"
+    if r.phase == "forced":
+        k = r.fed_forced
+        # log_p predicts forced[k] given head ⊕ generated ⊕ forced[:k]. Right after a rollback it
+        # still predicts the token after the dropped ones, but then k = 0 is an answer-prefix token
+        # (the prefix is never blank, see CreditConfig), whose probability is not read.
+        if k in r.answer_span:
+            r.log_p += float(log_p[r.forced[k]])
+        if k >= len(r.forced):
+            r.phase = "done"
+            return None
+        r.fed_forced += 1
+        return r.forced[k]
+    return None

@@ -1,0 +1,124 @@
+"""The cached greedy-then-forced loop must equal greedy decoding and teacher forcing done naively."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from rredcot.answer_baseline import greedy_answer_log_probs
+
+VOCAB = 53
+EOS = 1
+
+
+def _qwen(attn: str, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=256,
+        attn_implementation=attn,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+def _llama(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        intermediate_size=96,
+        max_position_embeddings=256,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+MODELS = {
+    "qwen2-sdpa": lambda: _qwen("sdpa", 0),
+    "qwen2-eager": lambda: _qwen("eager", 1),
+    "llama-sdpa": lambda: _llama(2),
+}
+
+
+def _stop_at(generated: list[int]) -> int | None:
+    """A stand-in for "the answer prefix appeared": after 2-6 tokens (set by the first token), and
+    for odd first tokens the prefix "began" one token earlier, so a fed token must be rolled back."""
+    length = 2 + generated[0] % 5
+    if len(generated) < length:
+        return None
+    return len(generated) - 1 - generated[0] % 2
+
+
+def _naive(model, head, answer, prefix, suffix, stop_at, max_new, start=None):
+    start = len(head) if start is None else start
+    head, generated = head[:start], head[start:]
+    with torch.no_grad():
+        while True:
+            token = int(model(torch.tensor([head + generated])).logits[0, -1].argmax())
+            if token == EOS or len(generated) >= max_new:
+                break
+            generated.append(token)
+            cut = stop_at(generated)
+            if cut is not None:
+                del generated[cut:]
+                break
+        ids = head + generated + prefix + answer + suffix
+        log_p = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    start = len(head) + len(generated) + len(prefix)
+    total = sum(float(log_p[start + j - 1, t]) for j, t in enumerate(answer))
+    return total, generated
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_greedy_baseline_matches_naive_decoding_and_teacher_forcing(name, seed):
+    model = MODELS[name]()
+    rng = random.Random(seed)
+    heads = [[rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 30))] for _ in range(8)]
+    answers = [[rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 4))] for _ in heads]
+    # Some solutions begin inside the head (up to 3 known tokens): those count towards the stop and
+    # the length limit, and a stop may roll back into them.
+    starts = [max(1, len(h) - rng.randrange(0, 4)) for h in heads]
+    prefix, suffix, max_new = [7, 8], [9], 5
+    got, solutions = greedy_answer_log_probs(
+        model, heads, answers, prefix, suffix, _stop_at, [EOS], max_new, solution_starts=starts
+    )
+    for b, (head, answer) in enumerate(zip(heads, answers, strict=True)):
+        want, want_solution = _naive(model, head, answer, prefix, suffix, _stop_at, max_new, starts[b])
+        assert solutions[b] == want_solution
+        assert float(got[b]) == pytest.approx(want, abs=2e-4)
+
+
+def test_eos_and_length_limit_end_the_solution():
+    model = _qwen("sdpa", 3)
+    head = [5, 6, 7]
+    with torch.no_grad():
+        first = int(model(torch.tensor([head])).logits[0, -1].argmax())
+    # The first greedy token is declared EOS: the solution is empty and the answer follows the head.
+    got, solutions = greedy_answer_log_probs(model, [head], [[11]], [7], [], lambda g: None, [first], 4)
+    assert solutions == [[]]
+    with torch.no_grad():
+        log_p = torch.log_softmax(model(torch.tensor([head + [7, 11]])).logits[0], dim=-1)
+    assert float(got[0]) == pytest.approx(float(log_p[len(head), 11]), abs=1e-5)
+    # Without a stop or EOS it writes exactly max_new_tokens.
+    _, solutions = greedy_answer_log_probs(model, [head], [[11]], [7], [], lambda g: None, [], 6)
+    assert len(solutions[0]) == 6
+
+
+def test_rejects_mismatched_inputs():
+    model = _qwen("sdpa", 4)
+    with pytest.raises(ValueError, match="heads"):
+        greedy_answer_log_probs(model, [[1, 2]], [], [7], [], lambda g: None, [EOS], 3)
+    with pytest.raises(ValueError, match="at least one token"):
+        greedy_answer_log_probs(model, [[]], [[3]], [7], [], lambda g: None, [EOS], 3)
