@@ -121,6 +121,14 @@ def test_html_colours_high_sigma_segment_differently() -> None:
     assert int(colour[:2], 16) > int(colour[4:], 16)
 
 
+def test_html_shows_the_greedy_solution_the_answer_was_judged_against() -> None:
+    record = make_record()
+    assert "greedy solution at the exit" not in render_html(record)
+    record["answer_baseline"] = "7 + 4 = <3>"
+    page = render_html(record)
+    assert "greedy solution at the exit" in page and "7 + 4 = &lt;3&gt;" in page
+
+
 def test_uniform_sigma_is_white() -> None:
     record = make_record()
     n = len(record["tokens"])
@@ -239,6 +247,7 @@ _N = len(_tokenise(LINES)[0])
         ("advantage", "big"),
         ("step", 1.5),
         ("trace_id", 7),
+        ("answer_baseline", 3),
     ],
 )
 def test_bad_records_raise_naming_the_field(field: str, value: Any) -> None:

@@ -131,6 +131,12 @@ class CreditAssigner:
             self._token_text.update(zip(missing, texts, strict=True))
         return [self._token_text[t] for t in ids]
 
+    def baseline_text(self, credit: TraceCredit) -> str | None:
+        """The greedy final solution a trace's answer segment was judged against, as text."""
+        if credit.baseline_solution is None:
+            return None
+        return "".join(self.token_texts(credit.baseline_solution))
+
     def strings(self) -> ExitStrings:
         c = self.cfg
         return ExitStrings(
@@ -416,6 +422,7 @@ def credit_record(
     answer: str,
     advantage: float,
     reward: float | None = None,
+    baseline_text: str | None = None,
 ) -> dict[str, Any]:
     """A JSON-ready description of one trace's credit (the input of ``rredcot.credit_view``)."""
 
@@ -442,4 +449,5 @@ def credit_record(
         "answer_nll": finite(first(credit.log_p_answer)) if credit.log_p_answer.numel() else [],
         "entropies": [float(h) for h in credit.entropies.tolist()],
         "answer_reward": credit.answer_reward,
+        "answer_baseline": baseline_text,
     }

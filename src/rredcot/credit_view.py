@@ -17,6 +17,8 @@ Input is one *credit record* per trace, a JSON-serialisable dict::
     entropies                           optional, list[float] per token (bits)
     answer_reward                       optional float: r̂ of the answer segment after the model's
                                         own exit (the last segment when ``cuts`` end at its start)
+    answer_baseline                     optional str: the final solution the answer segment was
+                                        judged against (the model's greedy one at its exit)
 
 σ is shown relative to uniform credit, σ·|o| (1 = every token weighted alike), on a diverging log
 scale: blue below uniform, white at uniform, red above, clipped at ``2**±CLIP_LOG2``.
@@ -93,6 +95,8 @@ def validate_record(record: Mapping[str, Any]) -> None:
             raise ValueError("'entropies' must be finite and non-negative")
     if record.get("answer_reward") is not None and not _is_finite(record["answer_reward"]):
         raise ValueError("'answer_reward' must be a finite number or None")
+    if record.get("answer_baseline") is not None and not isinstance(record["answer_baseline"], str):
+        raise ValueError("'answer_baseline' must be a string or None")
 
 
 def _field(record: Mapping[str, Any], key: str) -> Any:
@@ -326,6 +330,11 @@ def _html_header(record: Mapping[str, Any]) -> str:
     ]
     cells = "".join(f"<tr><th>{_esc(k)}</th><td class='mono'>{_esc(v)}</td></tr>" for k, v in rows)
     answer = f"<tr><th>label answer</th><td class='mono answer'>{_esc(record['answer'])}</td></tr>"
+    if record.get("answer_baseline") is not None:
+        answer += (
+            "<tr><th>greedy solution at the exit</th>"
+            f"<td class='mono'>{_esc(record['answer_baseline'])}</td></tr>"
+        )
     return (
         f"<h1>Trace <span class='mono'>{_esc(record['trace_id'])}</span></h1>"
         f"<table class='meta'>{cells}{answer}</table>"

@@ -158,6 +158,7 @@ class RREDCoTTrainer(GRPOTrainer):
                     prompt=str(inputs[i]["prompt"]),
                     answer=str(inputs[i]["answer"]),
                     advantage=float(advantages[i]),
+                    baseline_text=self.assigner.baseline_text(tc),
                 )
             )
 

@@ -97,7 +97,17 @@ def trace_record(
     gold = str(row["answer"])
     advantage = 1.0 if pred is not None and answers_equivalent(gold, pred) else -1.0
     tokens = assigner.token_texts(rollout.token_ids)
-    base = credit_record(tokens, credit, assigner.cfg.method, None, f"t{index:05d}", prompt, gold, advantage)
+    base = credit_record(
+        tokens,
+        credit,
+        assigner.cfg.method,
+        None,
+        f"t{index:05d}",
+        prompt,
+        gold,
+        advantage,
+        baseline_text=assigner.baseline_text(credit),
+    )
     rewards = C.segment_rewards(credit.log_values).tolist() if credit.log_values.numel() else []
     if credit.answer_reward is not None:
         rewards.append(credit.answer_reward)
@@ -127,6 +137,7 @@ def trace_record(
         "thought_nll": base["thought_nll"],
         "answer_nll": base["answer_nll"],
         "answer_reward": base["answer_reward"],
+        "answer_baseline": base["answer_baseline"],
         "segment_rewards": [float(r) for r in rewards],
         "sigma": base["sigma"],
         "entropies": base["entropies"],
