@@ -55,6 +55,13 @@ def test_blame_share_of_the_culprit_segment() -> None:
     miss = trace_localisation(_row([-2.0, -1.0, 0.0, 0.0]))
     assert miss["blame_share"] == pytest.approx(1 / 3) and not miss["top_blame"]
     assert trace_localisation({**_row([0.0] * 4), "correct": True}) is None
+    assert hit["thinking_top_offset"] == 0 and miss["thinking_top_offset"] == -1
+    # With an answer segment (the last), the thinking offset looks at the others only.
+    late = trace_localisation({**_row([0.0, -1.0, -2.0, -5.0]), "answer_reward": -5.0})
+    assert not late["top_blame"] and late["thinking_top_offset"] == 1
+    summary = summarise([hit, miss, late])
+    assert summary["thinking"]["thinking_top_at_culprit"] == pytest.approx(1 / 3)
+    assert summary["thinking"]["thinking_top_one_later"] == pytest.approx(1 / 3)
     summary = summarise([hit, miss])
     assert summary["thinking"]["traces"] == 2 and summary["answer"] == {"traces": 0}
     assert summary["all"]["top_blame_rate"] == pytest.approx(0.5)

@@ -12,7 +12,9 @@ wrong is known. For each wrong trace of ``study-traces`` this finds the culprit:
 and reads the segment credit the trace got: the culprit segment's share of the blame weights
 (w_k = max(−r̂_k, 0) / Σ, METHOD.md 2.4 for a negative advantage), whether it got the largest
 weight, and chance (one over the number of segments). The same numbers for the σ mass: the culprit
-segment's share of Σσ against its share of the tokens.
+segment's share of Σσ against its share of the tokens. For a culprit in the thinking it also records
+where the largest blame among the thinking segments landed, relative to the culprit: a value model
+that only notices a wrong value once the next line reuses it blames the segment after (offset 1).
 
 CLI: ``rredcot study-localisation --config C --traces traces.jsonl --out localisation.json``.
 """
@@ -97,6 +99,10 @@ def trace_localisation(row: dict[str, Any]) -> dict[str, Any] | None:
     if len(rewards) != len(starts):
         raise ValueError(f"trace {row.get('trace_id')}: {len(rewards)} rewards for {len(starts)} segments")
     blame = [max(-r, 0.0) for r in rewards]
+    n_thinking = len(starts) - (row.get("answer_reward") is not None)
+    offset = None
+    if kind == "thinking" and any(blame[:n_thinking]):
+        offset = max(range(n_thinking), key=blame.__getitem__) - segment
     bounds = [*starts, len(tokens)]
     sigma = row["sigma"]
     seg_sigma = sum(sigma[bounds[segment] : bounds[segment + 1]])
@@ -109,6 +115,7 @@ def trace_localisation(row: dict[str, Any]) -> dict[str, Any] | None:
         "top_blame": bool(sum(blame) > 0 and blame[segment] == max(blame)),
         "sigma_share": seg_sigma,
         "token_share": (bounds[segment + 1] - bounds[segment]) / len(tokens),
+        "thinking_top_offset": offset,
     }
 
 
@@ -127,9 +134,18 @@ def summarise(found: list[dict[str, Any]]) -> dict[str, Any]:
             "token_share": statistics.mean(r["token_share"] for r in rows),
         }
 
+    thinking = [r for r in found if r["where"] == "thinking"]
+    lag = {}
+    if thinking:
+        # Where the most-blamed thinking segment lies relative to the culprit (none: no thinking blame).
+        offsets = [r.get("thinking_top_offset") for r in thinking]
+        lag = {
+            "thinking_top_at_culprit": statistics.mean(float(o == 0) for o in offsets),
+            "thinking_top_one_later": statistics.mean(float(o == 1) for o in offsets),
+        }
     return {
         "all": stats(found),
-        "thinking": stats([r for r in found if r["where"] == "thinking"]),
+        "thinking": stats(thinking) | lag,
         "answer": stats([r for r in found if r["where"] == "answer"]),
         "traces": found,
     }
@@ -165,6 +181,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f"(token share {s['token_share']:.2f})",
                     flush=True,
                 )
+        if summary["thinking"]["traces"]:
+            s = summary["thinking"]
+            print(
+                f"[study-localisation] thinking: the most-blamed thinking segment is the culprit in "
+                f"{s['thinking_top_at_culprit']:.0%}, the one after it in {s['thinking_top_one_later']:.0%}",
+                flush=True,
+            )
         print(f"[study-localisation] wrote {args.out}")
 
 
