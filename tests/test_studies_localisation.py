@@ -76,3 +76,10 @@ def test_a_thinking_error_the_solution_did_not_copy_is_not_the_culprit() -> None
     # Without a final solution to read, the first wrong kept value is taken.
     where, at = culprit(PROBLEM, text + "\\boxed{6}")
     assert where == "thinking" and text[at:].startswith("Next, 2 * 9 = 7")
+
+
+def test_thinking_lines_that_hold_the_step_alone() -> None:
+    # data.synthetic.restate_value false: "* 9 = 7" without the value the step starts from.
+    text = "First, - 3 = 2.\nNext, * 9 = 7.\nFinally, * 8 = 6.\n</think>\n"
+    where, at = culprit(PROBLEM, text + "5 - 3 = 2, 2 * 9 = 7, 7 * 8 = 6. \\boxed{6}")
+    assert where == "thinking" and text[at:].startswith("Next, * 9 = 7")

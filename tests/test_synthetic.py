@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 import time
 from collections import Counter
 
@@ -172,3 +173,24 @@ def test_cli_writes_splits(tmp_path, capsys) -> None:
         assert read_jsonl(tmp_path / f"{split}.jsonl") == expected[split]
     out = capsys.readouterr().out
     assert "rl: 20 rows" in out and "label noise:" in out
+
+
+def test_thinking_lines_without_the_starting_value() -> None:
+    """restate_value=False: a line holds the step alone, and the solution still copies its result."""
+    cfg = TaskConfig(restate_value=False, teacher_error_rate=0.3, teacher_fix_rate=0.5, seed=5)
+    rng = random.Random(0)
+    steps = [("+", 4), ("*", 4), ("-", 3), ("+", 2)]
+    for _ in range(50):
+        completion, final = teacher_trace(7, steps, cfg, rng)
+        thinking, solution = completion.split("</think>\n")
+        kept = []
+        for line in thinking.splitlines():
+            op_part = line.split(", ", 1)[1]
+            assert re.fullmatch(r"[-+*] \d = \d\.", op_part), line  # no starting value
+            value = int(op_part[-2])
+            if line.startswith("Wait, "):
+                kept[-1] = value  # a correction revises the step just written
+            else:
+                kept.append(value)
+        written = [int(v) for v in re.findall(r"= (\d)", solution)]
+        assert written[: len(kept)] == kept and written[-1] == final

@@ -48,6 +48,11 @@ class TaskConfig:
     """Probability that the teacher stops thinking after a random number of steps (possibly none) and
     computes the remaining steps directly in the solution. This makes every exit point a state the
     model has seen, so exit-point values (the model writing the solution from there) are meaningful."""
+    restate_value: bool = True
+    """Each thinking line restates the value its step starts from (``Next, 1 * 4 = 4.``). Without it
+    a line holds the step alone (``Next, * 4 = 4.``): the value after a step is then written in
+    that step's line only, so a model that copies it into its final solution must read that line
+    (with it, it can read the value from the next line's start, one line late)."""
     n_sft: int = 4000
     """Rows in the SFT warm-up split."""
     n_rl: int = 1000
@@ -170,10 +175,11 @@ def teacher_trace(start: int, steps: Sequence[Step], cfg: TaskConfig, rng: rando
         result = correct
         if rng.random() < cfg.teacher_error_rate:
             result = _wrong_residue(rng, correct, cfg.modulus)
-        lines.append(f"{keyword}{value} {op} {operand} = {result}.\n")
+        left = f"{value} " if cfg.restate_value else ""
+        lines.append(f"{keyword}{left}{op} {operand} = {result}.\n")
         if result != correct and rng.random() < cfg.teacher_fix_rate:
             result = correct
-            lines.append(f"Wait, {value} {op} {operand} = {result}.\n")
+            lines.append(f"Wait, {left}{op} {operand} = {result}.\n")
         kept.append(result)
         value = result
     return "".join(lines) + THINK_END + solution_text(start, steps, kept), value
@@ -326,6 +332,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--teacher-error-rate", type=float, default=defaults.teacher_error_rate)
     parser.add_argument("--teacher-fix-rate", type=float, default=defaults.teacher_fix_rate)
     parser.add_argument("--teacher-early-exit-rate", type=float, default=defaults.teacher_early_exit_rate)
+    parser.add_argument(
+        "--no-restate-value",
+        dest="restate_value",
+        action="store_false",
+        help="thinking lines hold the step alone",
+    )
     parser.add_argument("--n-sft", type=int, default=defaults.n_sft)
     parser.add_argument("--n-rl", type=int, default=defaults.n_rl)
     parser.add_argument("--n-test", type=int, default=defaults.n_test)
@@ -338,6 +350,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         teacher_error_rate=args.teacher_error_rate,
         teacher_fix_rate=args.teacher_fix_rate,
         teacher_early_exit_rate=args.teacher_early_exit_rate,
+        restate_value=args.restate_value,
         n_sft=args.n_sft,
         n_rl=args.n_rl,
         n_test=args.n_test,

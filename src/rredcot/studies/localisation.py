@@ -30,7 +30,8 @@ from typing import Any
 
 from rredcot.synthetic import THINK_END, parse_problem, run_chain
 
-_EQUATION = re.compile(r"(\d+)\s*([-+*])\s*(\d+)\s*=\s*(\d+)")
+# The value a step starts from is optional: thinking lines may hold the step alone ("* 4 = 4").
+_EQUATION = re.compile(r"(\d+\s*)?([-+*])\s*(\d+)\s*=\s*(\d+)")
 _PROBLEM = re.compile(r"Start at .*?Work mod \d+\s*\.")
 
 
