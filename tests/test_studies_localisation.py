@@ -83,3 +83,26 @@ def test_thinking_lines_that_hold_the_step_alone() -> None:
     text = "First, - 3 = 2.\nNext, * 9 = 7.\nFinally, * 8 = 6.\n</think>\n"
     where, at = culprit(PROBLEM, text + "5 - 3 = 2, 2 * 9 = 7, 7 * 8 = 6. \\boxed{6}")
     assert where == "thinking" and text[at:].startswith("Next, * 9 = 7")
+
+
+def test_pictures_of_wrong_traces_per_culprit_kind(tmp_path) -> None:
+    from rredcot.studies.localisation import write_culprit_views
+
+    row = {
+        **_row([0.5, -3.0, -1.0, 0.0]),
+        "trace_id": "t7",
+        "answer": "3",
+        "advantage": -1.0,
+        "method": "rredcot",
+        "cuts": [0, 2, 4, 6],
+        "log_values": [-3.0, -2.5, -5.5, -6.5],
+        "answer_reward": 0.0,
+        "answer_baseline": "5 - 3 = 2, 2 * 9 = 7, 7 * 8 = 6.",
+    }
+    found = [trace_localisation(row)]
+    written = write_culprit_views([row], found, tmp_path / "views", per_kind=2)
+    names = sorted(p.name for p in written)
+    assert names == ["thinking_0.html", "thinking_0.png", "thinkings.jsonl"]
+    assert "greedy solution at the exit" in (tmp_path / "views" / "thinking_0.html").read_text()
+    assert write_culprit_views([], [], tmp_path / "empty", per_kind=2) == []
+    assert (tmp_path / "empty").is_dir()

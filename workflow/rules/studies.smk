@@ -221,7 +221,8 @@ rule study_localisation:
     input:
         traces=f"{STUDY}/analysis/traces.jsonl",
     output:
-        f"{STUDY}/analysis/localisation.json",
+        summary=f"{STUDY}/analysis/localisation.json",
+        views=directory(f"{STUDY}/analysis/localisation"),
     log:
         f"{R}/logs/studies/localisation.log",
     benchmark:
@@ -231,5 +232,5 @@ rule study_localisation:
     params:
         cfg=PY_CONFIG,
     shell:
-        "rredcot study-localisation --config {params.cfg} --traces {input.traces} --out {output}"
-        " > {log} 2>&1"
+        "rredcot study-localisation --config {params.cfg} --traces {input.traces}"
+        " --out {output.summary} --views {output.views} > {log} 2>&1"

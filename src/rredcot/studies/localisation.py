@@ -16,7 +16,11 @@ segment's share of Σσ against its share of the tokens. For a culprit in the th
 where the largest blame among the thinking segments landed, relative to the culprit: a value model
 that only notices a wrong value once the next line reuses it blames the segment after (offset 1).
 
-CLI: ``rredcot study-localisation --config C --traces traces.jsonl --out localisation.json``.
+With ``--views DIR`` it also draws the credit pictures (``rredcot.credit_view``) of the first few
+wrong traces of each kind: ``DIR/thinking_<i>.png`` and ``DIR/answer_<i>.png`` (and ``.html``).
+
+CLI: ``rredcot study-localisation --config C --traces traces.jsonl --out localisation.json
+[--views DIR]``.
 """
 
 from __future__ import annotations
@@ -152,6 +156,45 @@ def summarise(found: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+_VIEW_KEYS = (
+    "trace_id",
+    "method",
+    "prompt",
+    "answer",
+    "advantage",
+    "tokens",
+    "sigma",
+    "segment_starts",
+    "cuts",
+    "log_values",
+    "thought_nll",
+    "answer_nll",
+    "entropies",
+    "answer_reward",
+    "answer_baseline",
+)
+
+
+def write_culprit_views(
+    rows: list[dict[str, Any]], found: list[dict[str, Any]], out_dir: Path, per_kind: int
+) -> list[Path]:
+    """Credit pictures of the first ``per_kind`` wrong traces whose culprit is in the thinking and in
+    the answer; the directory exists afterwards even when there is nothing to draw."""
+    from rredcot.credit_view import write_views
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    by_id = {row.get("trace_id"): row for row in rows}
+    written: list[Path] = []
+    for kind in ("thinking", "answer"):
+        picked = [by_id[f["trace_id"]] for f in found if f["where"] == kind][:per_kind]
+        records = [
+            {key: row.get(key) for key in _VIEW_KEYS} | {"step": None, "reward": 0.0} for row in picked
+        ]
+        if records:
+            written += write_views(records, out_dir, stem=kind)
+    return written
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from rredcot.config import load_config
     from rredcot.jsonl import read_jsonl, write_json
@@ -161,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
     ap.add_argument("--traces", required=True, help="traces with credit from study-traces (JSONL)")
     ap.add_argument("--out", required=True, type=Path, help="summary (JSON)")
+    ap.add_argument("--views", type=Path, help="directory for credit pictures of a few wrong traces")
+    ap.add_argument("--n-views", type=int, default=4, help="pictures per culprit kind (thinking, answer)")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     with stage_run(
@@ -171,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         summary = summarise(found)
         write_json(args.out, summary)
         run.log_artifact(args.out)
+        if args.views is not None:
+            for path in write_culprit_views(rows, found, args.views, args.n_views):
+                run.log_artifact(path, "views")
         for part in ("all", "thinking", "answer"):
             s = summary[part]
             run.log_metrics({f"{part}/{key}": float(value) for key, value in s.items()})
