@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from tiny_models import tiny_llama, tiny_qwen
 
 from rredcot.answer_baseline import greedy_answer_log_probs
 
@@ -14,40 +14,10 @@ VOCAB = 53
 EOS = 1
 
 
-def _qwen(attn: str, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=256,
-        attn_implementation=attn,
-    )
-    return Qwen2ForCausalLM(config).eval()
-
-
-def _llama(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=3,
-        intermediate_size=96,
-        max_position_embeddings=256,
-        attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(config).eval()
-
-
 MODELS = {
-    "qwen2-sdpa": lambda: _qwen("sdpa", 0),
-    "qwen2-eager": lambda: _qwen("eager", 1),
-    "llama-sdpa": lambda: _llama(2),
+    "qwen2-sdpa": lambda: tiny_qwen(VOCAB, 0, "sdpa"),
+    "qwen2-eager": lambda: tiny_qwen(VOCAB, 1, "eager"),
+    "llama-sdpa": lambda: tiny_llama(VOCAB, 2),
 }
 
 
@@ -101,7 +71,7 @@ def test_greedy_baseline_matches_naive_decoding_and_teacher_forcing(name, seed):
 
 
 def test_eos_and_length_limit_end_the_solution():
-    model = _qwen("sdpa", 3)
+    model = tiny_qwen(VOCAB, 3)
     head = [5, 6, 7]
     with torch.no_grad():
         first = int(model(torch.tensor([head])).logits[0, -1].argmax())
@@ -117,7 +87,7 @@ def test_eos_and_length_limit_end_the_solution():
 
 
 def test_rejects_mismatched_inputs():
-    model = _qwen("sdpa", 4)
+    model = tiny_qwen(VOCAB, 4)
     with pytest.raises(ValueError, match="heads"):
         greedy_answer_log_probs(model, [[1, 2]], [], [7], [], lambda g: None, [EOS], 3)
     with pytest.raises(ValueError, match="at least one token"):

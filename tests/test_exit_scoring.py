@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from tiny_models import tiny_qwen
+from transformers import Qwen2ForCausalLM
 
 from rredcot.credit import pr_log_value
 from rredcot.exit_scoring import ExitScores, score_exit_points, score_reference_pairs
@@ -14,17 +15,7 @@ VOCAB = 50
 
 @pytest.fixture(scope="module")
 def model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=256,
-    )
-    return Qwen2ForCausalLM(config).eval()
+    return tiny_qwen(VOCAB, 0, max_positions=256)
 
 
 def _ids(n: int, seed: int) -> list[int]:

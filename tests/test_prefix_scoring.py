@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from tiny_models import tiny_llama, tiny_qwen
 
 from rredcot.exit_scoring import ExitStrings, TraceExits, completion_entropies, score_traces_naive
 from rredcot.prefix_scoring import ScoringBudget, score_traces_single_pass, supports_single_pass
@@ -15,40 +15,10 @@ VOCAB = 61
 ATOL = 2e-4  # sums of up to ~40 float32 log-probs
 
 
-def _qwen(attn: str, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        attn_implementation=attn,
-    )
-    return Qwen2ForCausalLM(config).eval()
-
-
-def _llama(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=48,
-        num_hidden_layers=3,
-        num_attention_heads=6,
-        num_key_value_heads=3,
-        intermediate_size=96,
-        max_position_embeddings=512,
-        attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(config).eval()
-
-
 MODELS = {
-    "qwen2-sdpa": lambda: _qwen("sdpa", 0),
-    "qwen2-eager": lambda: _qwen("eager", 1),
-    "llama-sdpa": lambda: _llama(2),
+    "qwen2-sdpa": lambda: tiny_qwen(VOCAB, 0, "sdpa"),
+    "qwen2-eager": lambda: tiny_qwen(VOCAB, 1, "eager"),
+    "llama-sdpa": lambda: tiny_llama(VOCAB, 2),
 }
 
 

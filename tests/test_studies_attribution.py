@@ -9,7 +9,8 @@ import random
 import pytest
 import torch
 from scipy import stats
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from tiny_models import tiny_qwen
+from transformers import Qwen2ForCausalLM
 
 from rredcot.exit_scoring import ExitStrings
 from rredcot.modeling import train_tokenizer
@@ -36,17 +37,7 @@ VOCAB = 60
 
 
 def _model(vocab: int = VOCAB) -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=256,
-    )
-    return Qwen2ForCausalLM(config).eval()
+    return tiny_qwen(vocab, 0, max_positions=256)
 
 
 @pytest.fixture(scope="module")

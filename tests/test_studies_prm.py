@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from tiny_models import qwen_config
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
 from rredcot.modeling import train_tokenizer
@@ -38,16 +39,7 @@ LINES = ["First, 3 + 4 = 7.\n", "Next, 7 * 2 = 4.\n", "Wait, 7 * 2 = 14, so 4.\n
 
 
 def _config(vocab: int, **kw: int) -> Qwen2Config:
-    return Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=256,
-        **kw,
-    )
+    return qwen_config(vocab, max_positions=256, **kw)
 
 
 @pytest.fixture(scope="module")
