@@ -90,5 +90,7 @@ def test_rejects_mismatched_inputs():
     model = tiny_qwen(VOCAB, 4)
     with pytest.raises(ValueError, match="heads"):
         greedy_answer_log_probs(model, [[1, 2]], [], [7], [], lambda g: None, [EOS], 3)
+    with pytest.raises(ValueError, match="answer_prefix_ids"):
+        greedy_answer_log_probs(model, [[1, 2]], [[3]], [], [], lambda g: None, [EOS], 3)
     with pytest.raises(ValueError, match="at least one token"):
         greedy_answer_log_probs(model, [[]], [[3]], [7], [], lambda g: None, [EOS], 3)

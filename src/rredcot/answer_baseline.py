@@ -78,6 +78,9 @@ def greedy_answer_log_probs(
     if any(not h for h in heads):
         raise ValueError("every head needs at least one token")
     prefix, suffix = list(answer_prefix_ids), list(answer_suffix_ids)
+    if not prefix:
+        # After a rollback the next distribution is stale for one token: it must be a prefix token.
+        raise ValueError("answer_prefix_ids must not be empty")
     rows = [
         _Row(list(h), [*prefix, *a, *suffix], range(len(prefix), len(prefix) + len(a)))
         for h, a in zip(heads, answers, strict=True)
@@ -159,7 +162,7 @@ def _next_token(
         k = r.fed_forced
         # log_p predicts forced[k] given head ⊕ generated ⊕ forced[:k]. Right after a rollback it
         # still predicts the token after the dropped ones, but then k = 0 is an answer-prefix token
-        # (the prefix is never blank, see CreditConfig), whose probability is not read.
+        # (the prefix is never empty), whose probability is not read.
         if k in r.answer_span:
             r.log_p += float(log_p[r.forced[k]])
         if k >= len(r.forced):
