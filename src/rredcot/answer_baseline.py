@@ -25,7 +25,7 @@ the ``y_ref`` tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 
 import torch
@@ -131,11 +131,37 @@ def greedy_answer_log_probs(
     return torch.tensor([r.log_p for r in rows], dtype=torch.float32), [r.generated for r in rows]
 
 
+def _write(
+    solution: list[int], token: int, stop_at: Callable[[list[int]], int | None], eos: Set[int], max_new: int
+) -> int | None:
+    """Add ``token`` to a greedy solution; returns where the solution ends, or None if it goes on.
+
+    An EOS or the length limit ends it before the token (which is not added); the answer prefix
+    ends it where the prefix begins.
+    """
+    if token in eos or len(solution) >= max_new:
+        return len(solution)
+    solution.append(token)
+    return stop_at(solution)
+
+
+def written_solution(
+    tokens: Sequence[int], stop_at: Callable[[list[int]], int | None], eos: Set[int], max_new: int
+) -> list[int] | None:
+    """The solution greedy decoding ends with after writing ``tokens`` (None: it has not ended)."""
+    solution: list[int] = []
+    for token in tokens:
+        cut = _write(solution, token, stop_at, eos, max_new)
+        if cut is not None:
+            return solution[:cut]
+    return None
+
+
 def _next_token(
     r: _Row,
     log_p: Tensor,
     stop_at: Callable[[list[int]], int | None],
-    eos: set[int],
+    eos: Set[int],
     max_new_tokens: int,
     mask: Tensor,
     next_pos: list[int],
@@ -144,20 +170,16 @@ def _next_token(
     """The token row ``b`` feeds next (None: nothing, the row is done); ``log_p`` predicts it."""
     if r.phase == "greedy":
         token = int(log_p.argmax())
-        if token in eos or len(r.generated) >= max_new_tokens:
-            r.phase = "forced"
-        else:
-            r.generated.append(token)
-            cut = stop_at(r.generated)
-            if cut is None:
-                return token
-            # The answer prefix begins in generated[cut]: drop it and what follows from the cache.
-            dropped = r.slots[cut:]
-            if dropped:
-                mask[b, dropped] = 0
-            next_pos[b] -= len(dropped)
-            del r.generated[cut:], r.slots[cut:]
-            r.phase = "forced"
+        cut = _write(r.generated, token, stop_at, eos, max_new_tokens)
+        if cut is None:
+            return token
+        # The solution ends at generated[cut]: drop what the cache holds from there on.
+        dropped = r.slots[cut:]
+        if dropped:
+            mask[b, dropped] = 0
+        next_pos[b] -= len(dropped)
+        del r.generated[cut:], r.slots[cut:]
+        r.phase = "forced"
     if r.phase == "forced":
         k = r.fed_forced
         # log_p predicts forced[k] given head ⊕ generated ⊕ forced[:k]. Right after a rollback it

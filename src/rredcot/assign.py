@@ -9,7 +9,6 @@ from (segments, exit points, values, thought and answer NLLs, entropies). It kno
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +16,7 @@ import torch
 
 from rredcot import credit as C
 from rredcot import segmentation as S
-from rredcot.answer_baseline import greedy_answer_log_probs
+from rredcot.answer_baseline import greedy_answer_log_probs, written_solution
 from rredcot.exit_scoring import (
     ExitStrings,
     TraceExits,
@@ -274,13 +273,13 @@ class CreditAssigner:
         # then is cut there and the answer forced after it.
         max_new = 2 * max(max(specs[j].answer_cut - start for j, start in starts.items()), 1) + 8
         jobs: dict[tuple[tuple[int, ...], tuple[int, ...], int], list[int]] = {}
+        owns = {j: items[j].completion_ids[start : specs[j].answer_cut] for j, start in starts.items()}
         for j, start in starts.items():
-            completion, greedy = items[j].completion_ids, scores[j].greedy_ids
-            own = completion[start : specs[j].answer_cut]
+            completion, greedy, own = items[j].completion_ids, scores[j].greedy_ids, owns[j]
             agree = start
             while agree < len(completion) and int(greedy[agree]) == completion[agree]:
                 agree += 1
-            written = _follow(completion[start:agree], stop_at, eos, max_new)
+            written = written_solution(completion[start:agree], stop_at, {eos}, max_new)
             if written == own:
                 out[j] = _Baseline(float(scores[j].log_p_own_answer), own, True)
                 continue
@@ -306,8 +305,7 @@ class CreditAssigner:
         )
         for k, lp, solution in zip(keys, log_p.tolist(), solutions, strict=True):
             for j in jobs[k]:
-                own = items[j].completion_ids[starts[j] : specs[j].answer_cut]
-                out[j] = _Baseline(lp, solution, own == solution)
+                out[j] = _Baseline(lp, solution, owns[j] == solution)
         return out
 
     def _own_answer_cut(self, completion: list[int], texts: list[str], end: int | None) -> int | None:
@@ -386,25 +384,6 @@ def _exit_end(texts: list[str], begin: int, needle: str) -> int:
         if total >= end:
             return begin + i + 1
     return len(texts)
-
-
-def _follow(
-    tokens: list[int], stop_at: Callable[[list[int]], int | None], eos: int, max_new: int
-) -> list[int] | None:
-    """The solution greedy decoding ends with if it writes ``tokens`` (None: it has not ended yet).
-
-    The same rules as ``greedy_answer_log_probs``: an EOS or the length limit ends it before the
-    token, the answer prefix ends it where the prefix begins.
-    """
-    solution: list[int] = []
-    for token in tokens:
-        if token == eos or len(solution) >= max_new:
-            return solution
-        solution.append(token)
-        cut = stop_at(solution)
-        if cut is not None:
-            return solution[:cut]
-    return None
 
 
 def _one_segment(item: TraceInput) -> list[int]:
