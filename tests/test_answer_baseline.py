@@ -6,9 +6,10 @@ import random
 
 import pytest
 import torch
-from tiny_models import tiny_llama, tiny_qwen
+from tiny_models import tiny_llama, tiny_nemotron_h, tiny_qwen, tiny_qwen3_next
 
 from rredcot.answer_baseline import greedy_answer_log_probs
+from rredcot.exit_scoring import ScoringBudget
 
 VOCAB = 53
 EOS = 1
@@ -18,6 +19,9 @@ MODELS = {
     "qwen2-sdpa": lambda: tiny_qwen(VOCAB, 0, "sdpa"),
     "qwen2-eager": lambda: tiny_qwen(VOCAB, 1, "eager"),
     "llama-sdpa": lambda: tiny_llama(VOCAB, 2),
+    # Hybrid caches cannot drop fed tokens: these decode first and teacher-force in a second pass.
+    "qwen3-next": lambda: tiny_qwen3_next(VOCAB, 5),
+    "nemotron-h": lambda: tiny_nemotron_h(VOCAB, 6),
 }
 
 
@@ -52,7 +56,9 @@ def _naive(model, head, answer, prefix, suffix, stop_at, max_new, start=None):
 
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("seed", [0, 1])
-def test_greedy_baseline_matches_naive_decoding_and_teacher_forcing(name, seed):
+@pytest.mark.parametrize("budget", [None, ScoringBudget(max_batch_tokens=60, max_logit_elements=2 * VOCAB)])
+def test_greedy_baseline_matches_naive_decoding_and_teacher_forcing(name, seed, budget):
+    """Also under a budget that splits the rows into several groups and the logits into 2-row chunks."""
     model = MODELS[name]()
     rng = random.Random(seed)
     heads = [[rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 30))] for _ in range(8)]
@@ -62,7 +68,7 @@ def test_greedy_baseline_matches_naive_decoding_and_teacher_forcing(name, seed):
     starts = [max(1, len(h) - rng.randrange(0, 4)) for h in heads]
     prefix, suffix, max_new = [7, 8], [9], 5
     got, solutions = greedy_answer_log_probs(
-        model, heads, answers, prefix, suffix, _stop_at, [EOS], max_new, solution_starts=starts
+        model, heads, answers, prefix, suffix, _stop_at, [EOS], max_new, solution_starts=starts, budget=budget
     )
     for b, (head, answer) in enumerate(zip(heads, answers, strict=True)):
         want, want_solution = _naive(model, head, answer, prefix, suffix, _stop_at, max_new, starts[b])

@@ -24,133 +24,41 @@ import pytest
 import torch
 import yaml
 from datasets import Dataset
+from jobs import CONFIGS, ROOT, check_resumed, job_env, kill_when_saved, make_base, train_runs, write_config
 from mlflow import MlflowClient
 from transformers import TrainerCallback
 
 from rredcot.config import load_config
 from rredcot.data import rl_records
 from rredcot.jsonl import write_json, write_jsonl
-from rredcot.modeling import build_scratch_model, train_tokenizer
 from rredcot.resume import (
     LOGGED_TAG,
     Resume,
     RunLogger,
     fingerprint,
-    is_resumable,
     latest_checkpoint,
     prepare,
     record,
 )
-from rredcot.synthetic import TaskConfig, generate_splits
 from rredcot.tracking import INVOCATION_ENV, JobRun, job_run, tracking_uri
 from rredcot.train import grpo_args
 from rredcot.trainer import RREDCoTTrainer
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = [str(ROOT / "config" / "config.yaml"), str(ROOT / "config" / "smoke.yaml")]
 MAX_STEPS = 12
 SAVE_EVERY = 2
 
 
-# ------------------------------------------------------------------------------------------ helpers
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random model with its tokenizer, and RL and held-out data, saved as the pipeline would."""
-    root = tmp_path_factory.mktemp("base")
-    cfg = load_config(CONFIGS)
-    splits = generate_splits(TaskConfig(n_sft=200, n_rl=60, n_test=10, seed=3))
-    template = cfg["prompt"]["template"]
-    tok = train_tokenizer(
-        [template.replace("{problem}", r["problem"]) + r["completion"] for r in splits["sft"]], 300
-    )
-    model = build_scratch_model(tok, cfg["model"], seed=0)
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    write_jsonl(root / "sft.jsonl", splits["sft"])
-    write_jsonl(root / "rl.jsonl", splits["rl"])
-    write_jsonl(root / "test.jsonl", splits["test"])
-    return root
+    return make_base(tmp_path_factory.mktemp("base"))
 
 
 def _write_config(path: Path, results: Path) -> Path:
-    """The smoke config with a results dir of its own and enough steps to be killed half way."""
-    path.write_text(
-        yaml.safe_dump(
-            {"results_dir": str(results), "rl": {"max_steps": MAX_STEPS, "save_every": SAVE_EVERY}}
-        )
-    )
-    return path
-
-
-def _env() -> dict[str, str]:
-    """Each command is a new invocation on the sqlite store, as a rerun of the workflow would be."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop(INVOCATION_ENV, None)
-    return env
-
-
-def _descendants(pid: int) -> list[int]:
-    """Ids of the processes started by ``pid``, recursively (Linux /proc)."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children = (task / "children").read_text().split()
-        except OSError:
-            continue
-        for child in map(int, children):
-            found += [child, *_descendants(child)]
-    return found
-
-
-def _kill_at(proc: subprocess.Popen, checkpoint: Path, timeout: float = 300) -> None:
-    """SIGKILL ``proc`` and everything it started as soon as ``checkpoint`` is complete."""
-    t0 = time.monotonic()
-    while not is_resumable(checkpoint):
-        assert proc.poll() is None, f"the job ended (rc {proc.returncode}) before {checkpoint} was saved"
-        assert time.monotonic() - t0 < timeout, f"{checkpoint} was not saved in {timeout} s"
-        time.sleep(0.02)
-    tree = _descendants(proc.pid)
-    os.killpg(proc.pid, signal.SIGKILL)  # the process group of start_new_session=True ...
-    for pid in tree:  # ... and anything that left it
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
-
-
-def _train_runs(results: Path, experiment: str = "rredcot-smoke") -> list:
-    client = MlflowClient(tracking_uri(results))
-    exp = client.get_experiment_by_name(experiment)
-    return client.search_runs([exp.experiment_id], "tags.`rredcot.rule` = 'train'")
+    return write_config(path, results, MAX_STEPS, SAVE_EVERY)
 
 
 def _check_resumed(results: Path, out: Path, run_id: str, resumed: int, log: str) -> None:
-    """One run, continued: every step once in the curve, metrics and MLflow; only the rest retrained."""
-    assert f"resuming from checkpoint-{resumed}" in log
-    probed = [int(s) for s in re.findall(r"\[train\] step (\d+):", log)]
-    assert probed == list(range(resumed + 1, MAX_STEPS + 1))  # no step before the checkpoint again
-
-    curve = (out / "curve.csv").read_text().splitlines()
-    assert [int(row.split(",")[2]) for row in curve[1:]] == list(range(MAX_STEPS + 1))
-    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in logged if "loss" in m] == list(range(1, MAX_STEPS + 1))
-    assert (out / "model" / "model.safetensors").exists()
-
-    client = MlflowClient(tracking_uri(results))
-    (run,) = _train_runs(results)
-    assert run.info.run_id == run_id and run.info.status == "FINISHED"
-    assert run.data.tags["rredcot.attempt"] == "2"
-    assert run.data.tags["rredcot.resumed_from"] == f"checkpoint-{resumed}"
-    assert run.data.metrics["resumed_from_step"] == resumed
-    assert run.data.metrics["steps_this_attempt"] == MAX_STEPS - resumed
-    for key, first in (("heldout_greedy_accuracy", 0), ("perf/step_seconds", 1), ("loss", 1)):
-        steps = [m.step for m in client.get_metric_history(run_id, key)]
-        assert sorted(steps) == list(range(first, MAX_STEPS + 1)), key  # each step exactly once
-    # The killed invocation's parent ends once its job has moved to the new invocation.
-    parents = client.search_runs([run.info.experiment_id], "tags.`rredcot.kind` = 'invocation'")
-    assert len(parents) == 2 and {p.info.status for p in parents} == {"FINISHED"}
+    check_resumed(results, out, run_id, resumed, log, MAX_STEPS)
 
 
 # ------------------------------------------------------------------------------------- unit tests
@@ -211,7 +119,7 @@ os._exit(0)
 def test_job_run_continues_the_run_of_a_killed_attempt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = {**_env(), INVOCATION_ENV: "inv-1"}
+    env = {**job_env(), INVOCATION_ENV: "inv-1"}
     killed = subprocess.run([sys.executable, "-c", KILLED_JOB, str(tmp_path)], env=env, capture_output=True)
     assert killed.returncode == 0, killed.stderr[-2000:]
     first = killed.stdout.decode().split()[-1]
@@ -314,14 +222,16 @@ def test_killed_train_job_resumes_from_its_last_checkpoint(base: Path, tmp_path:
         *("--eval-data", str(base / "test.jsonl"), "--out", str(out)),
     ]
     with open(tmp_path / "first.log", "w") as log:
-        proc = subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        _kill_at(proc, ckpts / f"checkpoint-{SAVE_EVERY}")
+        proc = subprocess.Popen(
+            cmd, env=job_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        kill_when_saved(proc, ckpts / f"checkpoint-{SAVE_EVERY}")
     assert proc.returncode == -signal.SIGKILL
     assert not (out / "model").exists() and not (out / "curve.csv").exists()  # nothing looks finished
     run_id = json.loads((ckpts / "job.json").read_text())["mlflow_run_id"]
-    assert _train_runs(results)[0].info.status == "RUNNING"  # as a SIGKILL leaves it
+    assert train_runs(results)[0].info.status == "RUNNING"  # as a SIGKILL leaves it
 
-    again = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=600)
     log = again.stdout + again.stderr
     assert again.returncode == 0, log[-3000:]
     resumed = int(re.search(r"resuming from checkpoint-(\d+)", log).group(1))
@@ -343,13 +253,15 @@ def test_killed_sft_job_resumes_to_the_same_model(base: Path, tmp_path: Path) ->
         ]
 
     straight, cmd = command("straight")
-    subprocess.run(cmd, env=_env(), check=True, capture_output=True, timeout=600)
+    subprocess.run(cmd, env=job_env(), check=True, capture_output=True, timeout=600)
     results, cmd = command("killed")
     with open(tmp_path / "first.log", "w") as log:
-        proc = subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        _kill_at(proc, results / "checkpoints" / "sft" / "checkpoint-2")
+        proc = subprocess.Popen(
+            cmd, env=job_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        kill_when_saved(proc, results / "checkpoints" / "sft" / "checkpoint-2")
     assert not (results / "models" / "sft").exists()
-    again = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[sft] resuming from checkpoint-" in again.stdout
 
@@ -443,18 +355,18 @@ def test_killed_snakemake_run_resumes_its_train_job(base: Path, tmp_path: Path) 
     ckpts = results / "checkpoints" / "train" / "grpo" / "seed0"
     with open(tmp_path / "first.log", "w") as log:
         proc = subprocess.Popen(
-            cmd, cwd=work, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, cwd=work, env=job_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        _kill_at(proc, ckpts / f"checkpoint-{SAVE_EVERY}")
+        kill_when_saved(proc, ckpts / f"checkpoint-{SAVE_EVERY}")
     first = (tmp_path / "first.log").read_text()
     assert "rule train:" in first and "rule sft:" not in first  # only the train job was to run
     assert not target.exists()
     run_id = json.loads((ckpts / "job.json").read_text())["mlflow_run_id"]
 
     # A SIGKILLed Snakemake leaves its lock behind; it names only our files, so unlocking is ours to do.
-    unlock = subprocess.run([*snakemake, "--unlock"], cwd=work, env=_env(), capture_output=True, text=True)
+    unlock = subprocess.run([*snakemake, "--unlock"], cwd=work, env=job_env(), capture_output=True, text=True)
     assert unlock.returncode == 0, unlock.stderr[-2000:]
-    again = subprocess.run(cmd, cwd=work, env=_env(), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(cmd, cwd=work, env=job_env(), capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "1 of 1 steps (100%) done" in again.stdout + again.stderr  # only the train job ran
     log = (results / "logs" / "train" / "grpo" / "seed0.log").read_text()

@@ -4,6 +4,8 @@ scripts/local-slurm starts a single-node cluster (with accounting and one fake G
 the test is skipped where it can't (not root, no apt-get). It runs a slice of the smoke workflow that
 has CPU rules (data, clean) and GPU rules (sft, train, evaluate), then asks SLURM's accounting what
 ran: every Snakemake job a COMPLETED SLURM job, GPU rules with a GPU allocated, CPU rules without.
+The train job runs two training processes (``distributed.cpu_processes: 2``: the fake GPU is no
+CUDA device, so `rredcot launch` starts them over gloo) and is given two CPUs for them.
 """
 
 from __future__ import annotations
@@ -99,11 +101,13 @@ def test_workflow_on_slurm(cluster: dict[str, str], tmp_path: Path) -> None:
     env = {**cluster, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{cluster['PATH']}"}
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("RREDCOT_INVOCATION", None)
+    overlay = tmp_path / "two-processes.yaml"
+    overlay.write_text(yaml.safe_dump({"results_dir": str(results), "distributed": {"cpu_processes": 2}}))
     cmd = [
         *("timeout", "-s", "KILL", str(WORKFLOW_TIMEOUT)),  # the plugin can hang if sacct breaks
         *(sys.executable, "-m", "snakemake"),
         *("--workflow-profile", str(local_profile(tmp_path))),
-        *("--configfile", "config/smoke.yaml", "--config", f"results_dir={results}"),
+        *("--configfile", "config/smoke.yaml", str(overlay)),
         *("--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1"),
         *("--slurm-logdir", str(tmp_path / "slurm-logs"), "--slurm-keep-successful-logs"),
         *(str(results / target) for target in TARGETS),
@@ -129,6 +133,11 @@ def test_workflow_on_slurm(cluster: dict[str, str], tmp_path: Path) -> None:
         # The GPU rules asked for and got the (fake) GPU; the CPU rules neither.
         for tres in ("ReqTRES", "AllocTRES"):
             assert ("gres/gpu=1" in job[tres].split(",")) == (rule in GPU_RULES), (tres, job)
+    # The train job: two CPUs for its two processes, which ran as one job step.
+    assert "cpu=2" in ran[("train", "grpo_0")]["AllocTRES"].split(","), ran[("train", "grpo_0")]
+    train_log = (results / "logs" / "train" / "grpo" / "seed0.log").read_text()
+    assert "train: 2 process(es) on 1 node(s) (CPU)" in train_log
+    assert train_log.count("[train] grpo seed 0: ") == 1  # the summary of the main process only
 
     for target in TARGETS:
         assert (results / target).stat().st_size > 0
@@ -138,3 +147,5 @@ def test_workflow_on_slurm(cluster: dict[str, str], tmp_path: Path) -> None:
     runs = client.search_runs([exp.experiment_id], "tags.`rredcot.kind` = 'job'")
     assert sorted(r.data.tags["rredcot.rule"] for r in runs) == sorted(rule for rule, _ in EXPECTED)
     assert all(r.info.status == "FINISHED" for r in runs)
+    (train,) = [r for r in runs if r.data.tags["rredcot.rule"] == "train"]
+    assert train.data.metrics["processes"] == 2

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import re
 
 import pytest
 import torch
@@ -56,9 +58,21 @@ def length_reward(completions, **_):
     return [1.0 / (1 + len(c)) for c in completions]
 
 
-def _trainer(cls, cfg, tok, model, dataset, out, **extra):
-    args = grpo_args(cfg, extra.pop("arm"), 0, out)
-    return cls(
+# TRL 1.16's loss types (GRPOConfig.loss_type); test_every_trl_loss_type_is_covered guards the list.
+LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+
+
+def test_every_trl_loss_type_is_covered():
+    from trl import GRPOConfig
+
+    help_text = GRPOConfig.__dataclass_fields__["loss_type"].metadata["help"]
+    documented = help_text.split("Supported values are ", 1)[1].split(".")[0]
+    assert set(re.findall(r"'(\w+)'", documented)) == set(LOSS_TYPES)
+
+
+def _train_params(cls, cfg, tok, model, dataset, out, args, **extra):
+    """Parameters after a few optimizer steps of ``cls``, everything else equal."""
+    trainer = cls(
         model=copy.deepcopy(model),
         reward_funcs=[length_reward, correctness_reward],
         args=args,
@@ -66,37 +80,38 @@ def _trainer(cls, cfg, tok, model, dataset, out, **extra):
         processing_class=tok,
         **extra,
     )
+    trainer.train()
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}, trainer
 
 
-def _loss_and_grads(trainer, inputs):
-    torch.manual_seed(1234)  # same sampled completions for both trainers
-    batch = trainer._generate_and_score_completions(inputs)
-    trainer.model.zero_grad()
-    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop; we call the loss directly
-    loss = trainer._compute_loss(trainer.model, batch)
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-    return batch, loss.detach(), grads
-
-
-def test_uniform_credit_reproduces_grpo_exactly(setup):
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_uniform_credit_is_stock_grpo_bit_for_bit(setup, loss_type, level):
+    """Three optimizer steps, the second and third reusing a generation batch (importance ratios
+    away from 1): the parameters of RREDCoTTrainer(uniform) and GRPOTrainer are identical."""
     cfg, tok, model, dataset, out = setup
-    inputs = [dataset[i] for i in range(8)]
-    stock = _trainer(GRPOTrainer, cfg, tok, model, dataset, out / "a", arm="grpo")
-    ours = _trainer(
-        RREDCoTTrainer, cfg, tok, model, dataset, out / "b", arm="grpo", credit=credit_config(cfg, "grpo")
+    base = grpo_args(cfg, "grpo", 0, out / f"{loss_type}-{level}")
+    args = dataclasses.replace(
+        base,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        max_steps=3,
+        num_iterations=2,
+        save_strategy="no",
+        disable_tqdm=True,
+        generation_batch_size=None,  # derived again by GRPOConfig
+        steps_per_generation=None,
     )
-    assert ours.credit.method == "uniform"
-    batch_a, loss_a, grads_a = _loss_and_grads(stock, inputs)
-    batch_b, loss_b, grads_b = _loss_and_grads(ours, inputs)
-    assert torch.equal(batch_a["completion_ids"], batch_b["completion_ids"])
-    assert batch_a["advantages"].abs().sum() > 0 and loss_a != 0
-    assert batch_b["advantages"].shape == batch_b["completion_ids"].shape  # per-token advantages
-    assert torch.equal(batch_b["advantages"], batch_a["advantages"][:, None].expand_as(batch_b["advantages"]))
-    assert torch.equal(loss_a, loss_b)
-    assert grads_a.keys() == grads_b.keys() and grads_a
-    for name in grads_a:
-        assert torch.equal(grads_a[name], grads_b[name]), name
+    stock, _ = _train_params(GRPOTrainer, cfg, tok, model, dataset, out, args)
+    ours, trainer = _train_params(
+        RREDCoTTrainer, cfg, tok, model, dataset, out, args, credit=CreditConfig(method="uniform")
+    )
+    start = dict(model.named_parameters())
+    assert any(not torch.equal(stock[n], start[n]) for n in stock), "training must move the weights"
+    assert stock.keys() == ours.keys()
+    for name in stock:
+        assert torch.equal(stock[name], ours[name]), name
+    assert "credit/traces" not in trainer._metrics["train"]
 
 
 def test_rredcot_redistributes_within_each_trace(setup):
@@ -111,6 +126,7 @@ def test_rredcot_redistributes_within_each_trace(setup):
     )
     inputs = [dataset[i] for i in range(8)]
     torch.manual_seed(99)
+    trainer.model.train()  # as in TRL's training loop: evaluation batches get no credit
     batch = trainer._generate_and_score_completions(inputs)
     adv = batch["advantages"]
     mask = batch["completion_mask"].bool()
@@ -152,6 +168,7 @@ def _credit_batch(setup, arm: str, seed: int = 99, **options):
         credit=credit,
     )
     torch.manual_seed(seed)
+    trainer.model.train()  # as in TRL's training loop: evaluation batches get no credit
     return trainer, trainer._generate_and_score_completions([dataset[i] for i in range(8)])
 
 
@@ -358,3 +375,79 @@ def test_a_trace_without_an_exit_is_scored_to_its_end(setup):
     assert out.cuts[-1] == len(ids) - 1  # the trace without its EOS
     assert out.answer_reward is None  # no answer segment
     assert len(out.cuts) == len(out.segment_starts) + 1
+
+
+def test_reference_value_model_is_the_frozen_start(setup):
+    """value_model 'reference' scores with the start weights, not the live policy: TRL rebinds the
+    policy's forward to a closure over itself, which a copy of the policy object would keep."""
+    cfg, tok, model, dataset, out = setup
+    credit = credit_config(cfg, "rredcot")
+    credit.value_model = "reference"
+    trainer = RREDCoTTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=grpo_args(cfg, "rredcot", 0, out / "frozen"),
+        train_dataset=dataset,
+        processing_class=tok,
+        credit=credit,
+    )
+    value = trainer._value_model
+    assert value is not None and not any(p.requires_grad for p in value.parameters())
+    with torch.no_grad():  # the policy learns
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ids = torch.tensor([tok("Problem: Start at 3, add 4.\n<think>\n")["input_ids"]])
+    start = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        expected = start(input_ids=ids).logits
+        assert not torch.allclose(trainer.model(input_ids=ids).logits, expected, atol=1e-3)
+        torch.testing.assert_close(value(input_ids=ids).logits, expected)
+    # ... and the credit passes read the start's values.
+    assigner = CreditAssigner(tok, credit)
+    item = TraceInput(
+        ids[0].tolist(), assigner.encode(WRONG_TRACE) + [tok.eos_token_id], -1.0, [("9 * 2 = 8.", "4")]
+    )
+    (ours,) = assigner.assign(trainer.model.eval(), [item], value)
+    (reference,) = assigner.assign(trainer.model.eval(), [item], start)
+    torch.testing.assert_close(ours.log_values, reference.log_values)
+
+
+def test_entropy_credit_needs_no_answer_column(setup):
+    """Methods read only the columns they use: entropy weighting on a prompt-only dataset."""
+    cfg, tok, model, dataset, out = setup
+    prompts = Dataset.from_list([{"prompt": row["prompt"]} for row in dataset])
+    trainer = RREDCoTTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=grpo_args(cfg, "grpo", 0, out / "no-answer"),
+        train_dataset=prompts,
+        processing_class=tok,
+        credit=CreditConfig(method="entropy"),
+    )
+    torch.manual_seed(5)
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([prompts[i] for i in range(8)])
+    assert batch["advantages"].shape == batch["completion_ids"].shape
+    assert trainer._metrics["train"]["credit/traces"][-1] > 0
+    rredcot = RREDCoTTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=grpo_args(cfg, "grpo", 0, out / "no-answer-rredcot"),
+        train_dataset=prompts,
+        processing_class=tok,
+        credit=CreditConfig(method="rredcot", exit_string="</think>\n"),
+    )
+    with pytest.raises(KeyError, match="'answer' column"):
+        rredcot.model.train()
+        rredcot._generate_and_score_completions([prompts[i] for i in range(8)])
+
+
+def test_evaluation_batches_get_no_credit(setup):
+    trainer, _ = _credit_batch(setup, "rredcot")
+    traces_logged = len(trainer._metrics["train"]["credit/traces"])
+    trainer.model.eval()  # TRL's evaluation loop
+    torch.manual_seed(7)
+    batch = trainer._generate_and_score_completions([setup[3][i] for i in range(8)])
+    assert batch["advantages"].dim() == 1  # TRL's own advantages
+    assert len(trainer._metrics["train"]["credit/traces"]) == traces_logged
+    assert not any(k.startswith("credit/") for k in trainer._metrics["eval"])

@@ -40,3 +40,58 @@ def tiny_qwen(vocab: int, seed: int, attn: str | None = None, max_positions: int
 def tiny_llama(vocab: int, seed: int, max_positions: int = 512) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     return LlamaForCausalLM(llama_config(vocab, max_positions)).eval()
+
+
+def tiny_qwen3_next(vocab: int, seed: int) -> torch.nn.Module:
+    """Qwen3-Next layout: linear-attention (gated delta rule) layers between full-attention layers,
+    a mixture of experts; its cache holds a recurrent state, not keys per position, in half the layers."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(
+        "qwen3_next",
+        **_dims(vocab, 32, 4, 4, 2, 512),
+        head_dim=8,
+        linear_num_value_heads=2,
+        linear_num_key_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        num_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=16,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    )
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def tiny_nemotron_h(vocab: int, seed: int) -> torch.nn.Module:
+    """NemotronH layout: Mamba-2 (state-space) layers between attention layers ("M*M*")."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(
+        "nemotron_h",
+        **_dims(vocab, 32, 4, 4, 2, 512),
+        head_dim=8,
+        mamba_num_heads=4,
+        mamba_head_dim=8,
+        ssm_state_size=8,
+        n_groups=1,
+        hybrid_override_pattern="M*M*",
+    )
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+class CharTokens:
+    """A tokenizer over single characters: enough for the credit assigner's text lookups."""
+
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789 \n{}"
+    eos_token_id = len(alphabet)
+    pad_token_id = len(alphabet)
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [self.alphabet.index(c) for c in text]}
+
+    def batch_decode(self, seqs, **_):
+        return ["".join(self.alphabet[t] if t < len(self.alphabet) else "" for t in s) for s in seqs]

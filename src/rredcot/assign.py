@@ -8,6 +8,7 @@ from (segments, exit points, values, thought and answer NLLs, entropies). It kno
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,9 @@ from rredcot.exit_scoring import (
     completion_entropies,
     score_traces_naive,
 )
-from rredcot.prefix_scoring import ScoringBudget, score_traces_single_pass
+from rredcot.prefix_scoring import ScoringBudget, score_traces_single_pass, supports_single_pass
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -116,6 +119,7 @@ class CreditAssigner:
         self.cfg = config
         self._token_text: dict[int, str] = {}
         self._encoded: dict[str, list[int]] = {}
+        self._warned_naive = False
 
     def encode(self, text: str) -> list[int]:
         if text not in self._encoded:
@@ -170,7 +174,7 @@ class CreditAssigner:
             return [TraceCredit(torch.ones(len(t.completion_ids)), _one_segment(t)) for t in items]
         pairs_of = [(t.prompt_ids, t.completion_ids) for t in items]
         if not C.needs_exit_values(cfg.method):  # entropy weighting: one forward pass, no scoring
-            ents = completion_entropies(policy, pairs_of, budget.max_batch_tokens)
+            ents = completion_entropies(policy, pairs_of, budget)
             return [
                 TraceCredit(
                     C.credit_multiplier(cfg.method, len(t.completion_ids), t.advantage, cfg.mix, entropies=h),
@@ -214,15 +218,15 @@ class CreditAssigner:
         ents = None
         if value_model is not policy:
             # Segment by the policy's entropies, score with the frozen value model.
-            ents = completion_entropies(policy, pairs_of, budget.max_batch_tokens)
+            ents = completion_entropies(policy, pairs_of, budget)
             specs = [
                 TraceExits(s.prompt_ids, s.completion_ids, cuts_for(j, ents[j]), s.pairs, s.answer_cut)
                 for j, s in enumerate(specs)
             ]
-        if cfg.scorer == "single_pass":
+        if self._single_pass(value_model):
             scores = score_traces_single_pass(value_model, specs, self.strings(), budget, cuts_for)
         else:
-            scores = score_traces_naive(value_model, specs, self.strings(), budget.max_batch_tokens, cuts_for)
+            scores = score_traces_naive(value_model, specs, self.strings(), budget, cuts_for)
         if ents is not None:
             scores = [
                 TraceScores(
@@ -302,11 +306,33 @@ class CreditAssigner:
             [eos],
             max_new,
             solution_starts=[k[2] for k in keys],
+            budget=self.cfg.budget,
         )
         for k, lp, solution in zip(keys, log_p.tolist(), solutions, strict=True):
             for j in jobs[k]:
                 out[j] = _Baseline(lp, solution, owns[j] == solution)
         return out
+
+    def _single_pass(self, model: torch.nn.Module) -> bool:
+        """Whether to score with the single-pass scorer: configured, and the model supports it.
+
+        A model whose cache cannot be cut at an exit point (sliding-window, linear-attention or
+        state-space layers) or whose attention ignores 4D masks is scored naively, said once."""
+        if self.cfg.scorer != "single_pass":
+            return False
+        if supports_single_pass(model):
+            return True
+        if not self._warned_naive:
+            impl = getattr(model.config, "_attn_implementation", None)
+            _log.warning(
+                "single-pass scoring needs eager or sdpa attention and a plain key/value cache in every "
+                "layer; %s (attention %r) has neither or not both, so its exit points are scored naively "
+                "(one sequence per exit point: same values, about K/2 times the tokens)",
+                type(model).__name__,
+                impl,
+            )
+            self._warned_naive = True
+        return False
 
     def _own_answer_cut(self, completion: list[int], texts: list[str], end: int | None) -> int | None:
         """Where the model's own final solution ends: its last answer prefix after the exit, else the

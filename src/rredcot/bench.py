@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rredcot import credit as C
 from rredcot import segmentation as S
+from rredcot.bench_memory import random_qwen2
 from rredcot.exit_scoring import ExitStrings, TraceExits, score_traces_naive
 from rredcot.jsonl import write_json
 from rredcot.modeling import load_model, set_threads
@@ -57,18 +57,8 @@ def _timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 def make_model(args: argparse.Namespace) -> torch.nn.Module:
     if args.model:
         return load_model(args.model).eval()
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=max(1, args.heads // 2),
-        intermediate_size=args.hidden * 3,
-        max_position_embeddings=4 * (args.prompt + args.length + args.suffix),
-        attn_implementation="sdpa",
-    )
-    return Qwen2ForCausalLM(config).eval()
+    max_positions = 4 * (args.prompt + args.length + args.suffix)
+    return random_qwen2(args.vocab, args.hidden, args.layers, args.heads, max_positions)
 
 
 def make_batch(args: argparse.Namespace, vocab: int) -> tuple[list[TraceExits], list[list[str]], ExitStrings]:
@@ -243,7 +233,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def naive() -> tuple[list, list]:
         scores = score_traces_naive(
-            model, traces, strings, budget.max_batch_tokens, _cuts_for(texts, n_segments, chosen_naive)
+            model, traces, strings, budget, _cuts_for(texts, n_segments, chosen_naive)
         )
         return scores, _sigma(traces, scores, chosen_naive)
 

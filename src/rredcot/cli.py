@@ -7,9 +7,13 @@
     rredcot clean     INPUT --out O --flags F --report R [--config C]
     rredcot sft       --config C --data sft.jsonl --out DIR
     rredcot train     --config C --arm A --seed N --model DIR --data rl.jsonl --eval-data test.jsonl --out DIR
+    rredcot launch    train|sft STAGE-ARGS             the stage on the job's GPUs/nodes (accelerate launch,
+                                                        vLLM server); one plain process by default
     rredcot evaluate  --config C --model DIR --data test.jsonl --out R.jsonl --summary S.json --arm A --seed N
     rredcot report    table|curve ...
     rredcot bench     --out results/bench/credit.json  credit-assignment cost benchmark
+    rredcot bench-memory --out results/bench/memory.json  peak memory of each credit pass vs its budget
+    rredcot gpu-check --out results/bench/gpu.json  paper-scale credit passes and steps on a CUDA GPU
     rredcot credit-view --config C --model DIR --traces T --out DIR   credit pictures of a trace file
     rredcot study-traces | study-mc | study-mc-figures | study-attribution | study-prm-train |
             study-prm | study-attr-figures ...           the paper's analyses (Figures 3-7)
@@ -36,9 +40,12 @@ STAGES = {
     "clean": "rredcot.cli:clean_main",
     "sft": "rredcot.sft:main",
     "train": "rredcot.train:main",
+    "launch": "rredcot.launch:main",
     "evaluate": "rredcot.evaluate:main",
     "report": "rredcot.report:main",
     "bench": "rredcot.bench:main",
+    "bench-memory": "rredcot.bench_memory:main",
+    "gpu-check": "rredcot.gpu_check:main",
     "tables": "rredcot.tables:main",
     "credit-view": "rredcot.credit_view_cli:main",
     "study-traces": "rredcot.studies.traces:main",

@@ -9,9 +9,9 @@ and we read off ``log p(u|s)`` (sum of token log-probs over the solution span) a
 scorer: one full sequence per (cut, reference pair), right-padded and batched under a token budget,
 ≈ K·L/2 tokens for K cuts of a trace of L tokens. ``prefix_scoring.py`` is the single-pass scorer
 (≈ L + K·A tokens) that the trainer uses; the naive one is the reference it is tested against.
-The model is any HF-style causal LM called as
-``model(input_ids=..., attention_mask=..., use_cache=False).logits``; its training/eval mode is left
-as the caller set it (callers put it in eval mode).
+The model is any HF causal LM; it is called through ``rredcot.forward`` (decoder, then the LM head
+only at scored positions); its training/eval mode is left as the caller set it (callers put it in
+eval mode).
 """
 
 from __future__ import annotations
@@ -21,6 +21,39 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from rredcot.forward import (
+    decoder_states,
+    entropies_and_argmax,
+    model_device,
+    token_log_probs,
+)
+
+__all__ = ["model_device"]  # re-exported: callers of this module's scorers also place inputs
+
+
+@dataclass(frozen=True)
+class ScoringBudget:
+    """Bounds on the work of one forward pass of the credit passes, so that long traces fit.
+
+    Every pass (trace pass, suffix pass, greedy-baseline prefill and decoding, entropies, naive
+    scoring) keeps to all three; a single sequence longer than ``max_batch_tokens`` gets a pass of
+    its own. docs/DISTRIBUTED.md turns them into GPU memory for the paper's models.
+    """
+
+    max_batch_tokens: int = 32768
+    """Tokens one forward pass holds: rows x longest row, counting the cached keys a row attends to
+    (trace pass: rows x trace length; suffix pass: rows x (cached prefix + packed suffixes); greedy
+    baseline: rows x (head + decoded + forced tokens))."""
+    max_mask_elements: int = 1 << 26
+    """Entries of one 4D attention mask (rows x queries x keys) of the suffix pass."""
+    max_logit_elements: int = 1 << 25
+    """Vocabulary logits materialised at once (positions x vocabulary size), in float32."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_tokens", "max_mask_elements", "max_logit_elements"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
 
 
 @dataclass(frozen=True)
@@ -122,13 +155,6 @@ def distinct_traces(traces: Sequence[tuple[Sequence[int], Sequence[int]]]) -> di
     return members
 
 
-def model_device(model: torch.nn.Module) -> torch.device:
-    device = getattr(model, "device", None)
-    if isinstance(device, torch.device):
-        return device
-    return next(model.parameters()).device
-
-
 def _make_jobs(
     prompt_ids: Sequence[int],
     completion_ids: Sequence[int],
@@ -172,33 +198,21 @@ def _chunks(jobs: list[_Job], max_batch_tokens: int) -> list[list[int]]:
     return chunks
 
 
-def _span_log_probs(logits: Tensor, input_ids: Tensor, starts: Tensor, lengths: Tensor) -> Tensor:
-    """Sum of log p(input_ids[b, starts_b + j]) over j < lengths_b, for each row b (float32).
+def _score_jobs(
+    model: torch.nn.Module,
+    jobs: list[_Job],
+    max_batch_tokens: int,
+    max_logit_elements: int = ScoringBudget.max_logit_elements,
+) -> tuple[Tensor, Tensor]:
+    """Score every job; returns (log_p_solution, log_p_answer), float32 on the CPU, in job order.
 
-    Spans may differ in length between rows (different reference pairs): they are padded to the
-    longest and the surplus positions masked out.
+    Logits are computed only at the positions that predict a solution or answer token.
     """
-    width = int(lengths.max()) if lengths.numel() else 0
-    if width == 0:
-        return torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
-    offsets = torch.arange(width, device=logits.device)[None, :]
-    valid = offsets < lengths[:, None]
-    # Masked positions point at the span start, a valid position, and are zeroed after gathering.
-    targets = starts[:, None] + torch.where(valid, offsets, 0)  # [B, width]
-    # Only the predicting rows go through log_softmax: the full [B, T, V] in float32 would be huge.
-    rows = logits.gather(1, (targets - 1)[..., None].expand(-1, -1, logits.shape[-1])).float()
-    log_p = torch.log_softmax(rows, dim=-1)
-    token_log_p = log_p.gather(-1, input_ids.gather(1, targets)[..., None]).squeeze(-1)
-    return torch.where(valid, token_log_p, 0.0).sum(dim=-1)
-
-
-def _score_jobs(model: torch.nn.Module, jobs: list[_Job], max_batch_tokens: int) -> tuple[Tensor, Tensor]:
-    """Score every job; returns (log_p_solution, log_p_answer), float32 on the CPU, in job order."""
     if max_batch_tokens < 1:
         raise ValueError("max_batch_tokens must be positive")
     device = model_device(model)
-    log_p_solution = torch.zeros(len(jobs), dtype=torch.float32)
-    log_p_answer = torch.zeros(len(jobs), dtype=torch.float32)
+    log_p_solution = torch.zeros(len(jobs), dtype=torch.float64)
+    log_p_answer = torch.zeros(len(jobs), dtype=torch.float64)
     with torch.inference_mode():
         for chunk in _chunks(jobs, max_batch_tokens):
             rows = [jobs[i] for i in chunk]
@@ -210,18 +224,30 @@ def _score_jobs(model: torch.nn.Module, jobs: list[_Job], max_batch_tokens: int)
             for b, job in enumerate(rows):
                 input_ids[b, : len(job.ids)] = torch.tensor(job.ids, dtype=torch.long)
                 attention_mask[b, : len(job.ids)] = 1
-            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-            spans = torch.tensor(
-                [[job.solution_start, job.solution_len, job.answer_start, job.answer_len] for job in rows],
-                device=device,
+            hidden, _ = decoder_states(model, input_ids.to(device), attention_mask.to(device))
+            # (row, target position, output index, is answer) of every scored token.
+            picks = [
+                (b, pos, i, is_answer)
+                for b, (i, job) in enumerate(zip(chunk, rows, strict=True))
+                for start, length, is_answer in (
+                    (job.solution_start, job.solution_len, False),
+                    (job.answer_start, job.answer_len, True),
+                )
+                for pos in range(start, start + length)
+            ]
+            if not picks:
+                continue
+            pick = torch.tensor(picks)
+            rows_at, pos = pick[:, 0].to(device), pick[:, 1].to(device)
+            # Position t predicts token t + 1.
+            log_p = token_log_probs(
+                model, hidden[rows_at, pos - 1], input_ids.to(device)[rows_at, pos], max_logit_elements
             )
-            sol = _span_log_probs(logits, input_ids, spans[:, 0], spans[:, 1])
-            ans = _span_log_probs(logits, input_ids, spans[:, 2], spans[:, 3])
-            idx = torch.tensor(chunk)
-            log_p_solution[idx] = sol.cpu()
-            log_p_answer[idx] = ans.cpu()
-    return log_p_solution, log_p_answer
+            log_p = log_p.double().cpu()
+            answer = pick[:, 3].bool()
+            log_p_solution.index_add_(0, pick[~answer, 2], log_p[~answer])
+            log_p_answer.index_add_(0, pick[answer, 2], log_p[answer])
+    return log_p_solution.float(), log_p_answer.float()
 
 
 def score_exit_points(
@@ -239,8 +265,7 @@ def score_exit_points(
     """Teacher-forced ``log p(u|s)`` and ``log p(y|u,s)`` of one reference pair at every cut.
 
     Returns float32 CPU tensors of shape [len(cuts)]. ``max_batch_tokens`` bounds the padded token
-    count of one forward pass (the model still materialises logits for every position, so scale it
-    down for large vocabularies).
+    count of one forward pass; logits are computed only where a scored token is predicted.
     """
     pairs = [(solution_ids, answer_ids)]
     jobs = _make_jobs(prompt_ids, completion_ids, cuts, pairs, exit_ids, answer_prefix_ids, answer_suffix_ids)
@@ -272,29 +297,27 @@ def score_reference_pairs(
     return log_p_solution.view(shape), log_p_answer.view(shape)
 
 
-@torch.no_grad()
 def completion_entropies(
     model: torch.nn.Module,
     traces: Sequence[tuple[Sequence[int], Sequence[int]]],
-    max_batch_tokens: int = 32768,
+    budget: ScoringBudget | None = None,
 ) -> list[Tensor]:
     """Token entropies (bits) of each (prompt_ids, completion_ids) under the model: batched forward passes.
 
     Position ``P + j - 1`` predicts completion token j; with an empty prompt the first token has no
     predicting position and gets the mean entropy of the others (as in ``prefix_scoring``).
     """
-    return [h for h, _ in completion_predictions(model, traces, max_batch_tokens)]
+    return [h for h, _ in completion_predictions(model, traces, budget)]
 
 
 def completion_predictions(
     model: torch.nn.Module,
     traces: Sequence[tuple[Sequence[int], Sequence[int]]],
-    max_batch_tokens: int = 32768,
+    budget: ScoringBudget | None = None,
 ) -> list[tuple[Tensor, Tensor]]:
     """Per trace: ``completion_entropies`` and the most likely token at each completion position
-    (long, -1 for a first token that no position predicts)."""
-    from rredcot.credit import token_entropies
-
+    (long, -1 for a first token that no position predicts). Passes keep to ``budget``."""
+    budget = budget or ScoringBudget()
     device = model_device(model)
     out: list[tuple[Tensor, Tensor]] = [(torch.zeros(0), torch.zeros(0, dtype=torch.long))] * len(traces)
     members = distinct_traces(traces)
@@ -308,43 +331,51 @@ def completion_predictions(
         for b, i in enumerate(rows):
             ids[b, : len(seqs[i])] = torch.tensor(seqs[i], dtype=torch.long)
             mask[b, : len(seqs[i])] = 1
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
+        hidden, _ = decoder_states(model, ids.to(device), mask.to(device))
         for b, i in enumerate(rows):
-            p, n = len(traces[i][0]), len(traces[i][1])
-            if n == 0:
-                h, g = torch.zeros(0), torch.zeros(0, dtype=torch.long)
-            elif p == 0:
-                rest = token_entropies(logits[b, : n - 1]).cpu()
-                first = rest.mean() if rest.numel() else torch.tensor(0.0)
-                h = torch.cat([first.reshape(1), rest])
-                g = torch.cat([torch.full((1,), -1), logits[b, : n - 1].argmax(dim=-1).cpu()])
-            else:
-                h = token_entropies(logits[b, p - 1 : p + n - 1]).cpu()
-                g = logits[b, p - 1 : p + n - 1].argmax(dim=-1).cpu()
+            h, g = completion_entropies_at(model, hidden[b], len(traces[i][0]), len(traces[i][1]), budget)
             for j in members[i]:
                 out[j] = (h, g)
 
     with torch.inference_mode():
-        for chunk in length_chunks([len(seqs[i]) for i in reps], max_batch_tokens):
+        for chunk in length_chunks([len(seqs[i]) for i in reps], budget.max_batch_tokens):
             flush([reps[j] for j in chunk])
     return out
+
+
+def completion_entropies_at(
+    model: torch.nn.Module, hidden: Tensor, prompt_len: int, completion_len: int, budget: ScoringBudget
+) -> tuple[Tensor, Tensor]:
+    """Entropies (bits) and argmax tokens of a completion from one row's hidden states [T, d].
+
+    Position ``p + j - 1`` predicts completion token j. With an empty prompt the first token has no
+    predicting position: it gets the mean entropy of the others and argmax -1.
+    """
+    p, n = prompt_len, completion_len
+    if n == 0:
+        return torch.zeros(0), torch.zeros(0, dtype=torch.long)
+    if p == 0:
+        h, g = entropies_and_argmax(model, hidden[: n - 1], budget.max_logit_elements)
+        first = h.mean() if h.numel() else torch.tensor(0.0)
+        return torch.cat([first.reshape(1), h]), torch.cat([torch.full((1,), -1), g])
+    return entropies_and_argmax(model, hidden[p - 1 : p + n - 1], budget.max_logit_elements)
 
 
 def score_traces_naive(
     model: torch.nn.Module,
     traces: Sequence[TraceExits],
     strings: ExitStrings,
-    max_batch_tokens: int = 32768,
+    budget: ScoringBudget | None = None,
     cuts_for: Callable[[int, Tensor], Sequence[int]] | None = None,
 ) -> list[TraceScores]:
     """Naive exit-point scores of many traces; same contract as ``prefix_scoring.score_traces_single_pass``.
 
     All (trace, cut, pair) sequences share the batching budget. Entropies come from an extra forward
-    pass over the traces.
+    pass over the traces. Works for any causal LM: no cache, no 4D mask (the fallback for models whose
+    cache the single-pass scorer cannot cut, such as hybrid linear-attention models).
     """
-    predictions = completion_predictions(
-        model, [(t.prompt_ids, t.completion_ids) for t in traces], max_batch_tokens
-    )
+    budget = budget or ScoringBudget()
+    predictions = completion_predictions(model, [(t.prompt_ids, t.completion_ids) for t in traces], budget)
     entropies = [h for h, _ in predictions]
     jobs: list[_Job] = []
     bounds = []
@@ -379,7 +410,9 @@ def score_traces_naive(
                 strings.answer_prefix_ids,
                 strings.answer_suffix_ids,
             )
-    log_p_solution, log_p_answer = _score_jobs(model, jobs, max_batch_tokens)
+    log_p_solution, log_p_answer = _score_jobs(
+        model, jobs, budget.max_batch_tokens, budget.max_logit_elements
+    )
     results = []
     for i, ((a, b, cuts), t, (ent, greedy)) in enumerate(zip(bounds, traces, predictions, strict=True)):
         shape = (len(cuts), len(t.pairs))

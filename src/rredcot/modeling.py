@@ -69,10 +69,9 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
 
 
 def load_model(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
-    """Load a causal LM: in ``dtype`` on a CUDA machine, always in float32 on a CPU (CPU training and
-    exact comparisons need full precision)."""
-    chosen = getattr(torch, dtype) if torch.cuda.is_available() else torch.float32
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=chosen)
+    """Load a causal LM with its weights in ``dtype`` (``model.dtype`` for inference; training loads
+    float32 master weights and computes under autocast)."""
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
 
 
 def set_threads(n: int) -> None:

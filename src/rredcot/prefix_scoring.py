@@ -26,9 +26,16 @@ suffix row; their sums are copied to every exit point they stand for. On the emb
 halves the suffix tokens and saves a quarter of the trace tokens.
 
 Requirements on the model: an HF causal LM whose attention takes a 4D additive mask (``eager`` or
-``sdpa``; FlashAttention-2 does not) and that exposes ``get_decoder()`` and
-``get_output_embeddings()``. Logits are computed only at the positions that are read, in chunks,
-so vocabulary size does not multiply the memory of long traces.
+``sdpa``; FlashAttention-2 does not), whose cache keeps keys and values of every position in every
+layer (no sliding-window, linear-attention or state-space layers: ``forward.has_plain_kv_cache``),
+and that exposes ``get_decoder()`` and ``get_output_embeddings()``. ``CreditAssigner`` falls back to
+the naive scorer for any other model. Logits are computed only at the positions that are read, in
+chunks, so vocabulary size does not multiply the memory of long traces.
+
+Memory (``ScoringBudget``): a trace pass holds at most ``max_batch_tokens`` tokens (one trace longer
+than that gets a pass of its own). A suffix pass reads its rows' cached keys up to the latest exit
+it serves, sliced before they are copied (a one-row pass copies nothing), and holds at most
+``max_batch_tokens`` cached plus query tokens and ``max_mask_elements`` mask entries.
 """
 
 from __future__ import annotations
@@ -39,16 +46,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
-from rredcot.credit import token_entropies
 from rredcot.exit_scoring import (
     ExitStrings,
+    ScoringBudget,
     TraceExits,
     TraceScores,
+    completion_entropies_at,
     distinct_traces,
     length_chunks,
-    model_device,
 )
+from rredcot.forward import compute_dtype, decoder_states, has_plain_kv_cache, model_device, token_log_probs
+
+__all__ = ["ScoringBudget", "score_traces_single_pass", "supports_single_pass"]
 
 # Attention implementations known to honour an arbitrary 4D additive mask.
 MASK_CAPABLE = ("eager", "sdpa")
@@ -59,69 +70,11 @@ ROW_QUERY_FRACTION = 8
 PASS_KEY_BAND = 0.7
 
 
-@dataclass(frozen=True)
-class ScoringBudget:
-    """Bounds on the work of one forward pass, so that long traces and many exit points fit."""
-
-    max_batch_tokens: int = 32768
-    """Padded tokens per forward pass: rows × longest row (trace pass) or rows × packed suffixes."""
-    max_mask_elements: int = 1 << 26
-    """Entries of one 4D mask (rows × queries × keys); bounds the mask and attention-score memory."""
-    max_logit_elements: int = 1 << 25
-    """Vocabulary logits materialised at once (positions × vocabulary size)."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_batch_tokens", "max_mask_elements", "max_logit_elements"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive")
-
-
 def supports_single_pass(model: torch.nn.Module) -> bool:
-    """True when the model's attention accepts the tree-shaped 4D mask this module builds."""
+    """True when the model's attention accepts the tree-shaped 4D mask this module builds and its
+    cache can be cut at every exit point (every layer a plain key/value cache)."""
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    return impl in MASK_CAPABLE and hasattr(model, "get_decoder")
-
-
-# --------------------------------------------------------------------------------------------------
-# Reading logits at selected positions only
-# --------------------------------------------------------------------------------------------------
-
-
-def _lm_logits(model: torch.nn.Module, hidden: Tensor) -> Tensor:
-    """Vocabulary logits for hidden states [n, d] (float32), as the model's own head computes them."""
-    logits = model.get_output_embeddings()(hidden).float()
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
-
-
-def _token_log_probs(
-    model: torch.nn.Module, hidden: Tensor, targets: Tensor, budget: ScoringBudget
-) -> Tensor:
-    """log p(targets[i] | hidden[i]) for hidden [n, d] and targets [n], in vocabulary-bounded chunks."""
-    vocab = model.get_output_embeddings().weight.shape[0]
-    step = max(1, budget.max_logit_elements // vocab)
-    out = []
-    for a in range(0, hidden.shape[0], step):
-        log_p = torch.log_softmax(_lm_logits(model, hidden[a : a + step]), dim=-1)
-        out.append(log_p.gather(-1, targets[a : a + step, None]).squeeze(-1))
-    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
-
-
-def _entropies(model: torch.nn.Module, hidden: Tensor, budget: ScoringBudget) -> tuple[Tensor, Tensor]:
-    """Predictive entropy in bits and the most likely token for hidden states [n, d], in
-    vocabulary-bounded chunks."""
-    vocab = model.get_output_embeddings().weight.shape[0]
-    step = max(1, budget.max_logit_elements // vocab)
-    bits, best = [], []
-    for a in range(0, hidden.shape[0], step):
-        logits = _lm_logits(model, hidden[a : a + step])
-        bits.append(token_entropies(logits))
-        best.append(logits.argmax(dim=-1))
-    if not bits:
-        return hidden.new_zeros(0, dtype=torch.float32), torch.zeros(0, dtype=torch.long)
-    return torch.cat(bits), torch.cat(best)
+    return impl in MASK_CAPABLE and hasattr(model, "get_decoder") and has_plain_kv_cache(model)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -151,34 +104,22 @@ def _run_trace_pass(
     for b, s in enumerate(seqs):
         input_ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
         mask[b, : len(s)] = 1
-    cache = DynamicCache(config=model.config)
     # Right padding: real tokens keep positions 0..n-1; padded keys are masked out of every later query.
-    out = model.get_decoder()(
-        input_ids=input_ids.to(device),
+    hidden, cache = decoder_states(
+        model,
+        input_ids.to(device),
         attention_mask=mask.to(device),
-        past_key_values=cache,
+        past_key_values=DynamicCache(config=model.config),
         use_cache=True,
     )
-    hidden = out.last_hidden_state
     entropies, greedy = [], []
     for b, i in enumerate(rows):
-        p, n = len(traces[i].prompt_ids), len(traces[i].completion_ids)
-        # Position t predicts token t+1: completion token j is predicted at position p + j - 1.
-        if n == 0:
-            entropies.append(torch.zeros(0))
-            greedy.append(torch.zeros(0, dtype=torch.long))
-        elif p == 0:
-            # The first completion token has no predicting position; give it the mean entropy of the rest.
-            h, g = _entropies(model, hidden[b, : n - 1], budget)
-            h = h.cpu()
-            first = h.mean() if h.numel() else torch.tensor(0.0)
-            entropies.append(torch.cat([first.reshape(1), h]))
-            greedy.append(torch.cat([torch.full((1,), -1), g.cpu()]))
-        else:
-            h, g = _entropies(model, hidden[b, p - 1 : p + n - 1], budget)
-            entropies.append(h.cpu())
-            greedy.append(g.cpu())
-    return _TraceChunk(rows, out.past_key_values, width), entropies, greedy
+        h, g = completion_entropies_at(
+            model, hidden[b], len(traces[i].prompt_ids), len(traces[i].completion_ids), budget
+        )
+        entropies.append(h)
+        greedy.append(g)
+    return _TraceChunk(rows, cache, width), entropies, greedy
 
 
 # --------------------------------------------------------------------------------------------------
@@ -289,12 +230,17 @@ def _pack(jobs: list[_Suffix], width: int, budget: ScoringBudget) -> list[list[l
     keep that waste small: a row holds about ``width / ROW_QUERY_FRACTION`` query tokens (its
     own-suffix block stays small next to the prefix), and a pass reads only the cached keys its rows
     need, ``max start_pos``: rows are sorted by it and a pass only takes rows that need at least
-    ``PASS_KEY_BAND`` of its keys, so early cuts run against a short prefix. Both budgets bound a pass:
-    rows × Q_max <= ``max_batch_tokens`` and rows × Q_max × (keys + Q_max) <= ``max_mask_elements``.
+    ``PASS_KEY_BAND`` of its keys, so early cuts run against a short prefix. The budgets bound a pass:
+    rows × (keys + Q_max) <= ``max_batch_tokens`` (the cached keys each row reads count: they are
+    copied for the pass) and rows × Q_max × (keys + Q_max) <= ``max_mask_elements``. A row that alone
+    exceeds them (a trace longer than the budget) is a pass of its own.
     """
 
     def fits(n_rows: int, q: int, keys: int) -> bool:
-        return n_rows * q <= budget.max_batch_tokens and n_rows * q * (keys + q) <= budget.max_mask_elements
+        return (
+            n_rows * (keys + q) <= budget.max_batch_tokens
+            and n_rows * q * (keys + q) <= budget.max_mask_elements
+        )
 
     rows: list[list[_Suffix]] = []
     cap = max(width // ROW_QUERY_FRACTION, 1)
@@ -321,14 +267,27 @@ def _pack(jobs: list[_Suffix], width: int, budget: ScoringBudget) -> list[list[l
 
 
 def _row_cache(chunk: _TraceChunk, rows: list[int], keys: int) -> DynamicCache:
-    """A fresh cache with the first ``keys`` cached positions of the given rows (the suffix pass
-    appends to it; the trace pass's cache stays as it was)."""
-    index = torch.tensor(rows, device=chunk.cache.layers[0].keys.device)
-    data = [
-        (layer.keys.index_select(0, index)[:, :, :keys], layer.values.index_select(0, index)[:, :, :keys])
-        for layer in chunk.cache.layers
-    ]
-    return DynamicCache(ddp_cache_data=data)
+    """A fresh cache with the first ``keys`` cached positions of the given rows; the suffix pass
+    appends to it and the trace pass's cache stays as it was.
+
+    Keys are sliced before rows are selected, so only ``rows x keys`` positions are copied; a pass
+    of one row takes a view and copies nothing (the pass's own append makes the one copy).
+    """
+    layers = []
+    for layer in chunk.cache.layers:
+        k, v = layer.keys[:, :, :keys], layer.values[:, :, :keys]
+        if len(rows) == 1:
+            k, v = k[rows[0] : rows[0] + 1], v[rows[0] : rows[0] + 1]
+        else:
+            index = torch.tensor(rows, device=k.device)
+            k, v = k.index_select(0, index), v.index_select(0, index)
+        fresh = DynamicLayer()
+        fresh.lazy_initialization(k, v)
+        fresh.keys, fresh.values = k, v
+        layers.append(fresh)
+    cache = DynamicCache()  # filled with ready layers (its constructor would copy given tensors)
+    cache.layers = layers
+    return cache
 
 
 def _run_suffix_pass(
@@ -341,7 +300,7 @@ def _run_suffix_pass(
 ) -> None:
     """Score one pass of packed suffix rows; add span log-prob sums at ``flat[slot(job, is_answer)]``."""
     device = model_device(model)
-    dtype = next(model.parameters()).dtype
+    dtype = compute_dtype(model)
     n_rows = len(packed)
     q_len = max(sum(j.fed for j in row) for row in packed)
     width = max(_key_width(row) for row in packed)  # cached keys this pass reads
@@ -372,17 +331,19 @@ def _run_suffix_pass(
             allowed[r, q, width + q] = True
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
     cache = _row_cache(chunk, [row[0].row for row in packed], width)
-    out = model.get_decoder()(
-        input_ids=input_ids.to(device),
+    hidden, _ = decoder_states(
+        model,
+        input_ids.to(device),
         attention_mask=mask.to(device),
         position_ids=positions.to(device),
         past_key_values=cache,
         use_cache=True,
     )
+    del cache
     if not targets:
         return
     t = torch.tensor([(r, q, tok) for r, q, tok, _ in targets], device=device)
-    log_p = _token_log_probs(model, out.last_hidden_state[t[:, 0], t[:, 1]], t[:, 2], budget).cpu()
+    log_p = token_log_probs(model, hidden[t[:, 0], t[:, 1]], t[:, 2], budget.max_logit_elements).cpu()
     dest = torch.tensor([d for *_, d in targets])
     flat.index_add_(0, dest, log_p.to(flat.dtype))
 

@@ -117,6 +117,17 @@ def prepare(directory: Path, digest: str, enabled: bool, stage: str) -> Resume:
     return Resume(latest_checkpoint(directory), job.get("mlflow_run_id"))
 
 
+def prepare_shared(state: Any, directory: Path, digest: str, enabled: bool, stage: str) -> Resume:
+    """:func:`prepare` for a job of one or more processes (an accelerate ``PartialState``): the main
+    process decides (it may delete checkpoints) and the others receive its decision."""
+    decided = [prepare(directory, digest, enabled, stage) if state.is_main_process else None]
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(decided)
+    return decided[0]
+
+
 def record(directory: Path, digest: str, run_id: str) -> None:
     """Note the job's fingerprint and MLflow run next to its checkpoints (before the first one)."""
     write_json(directory / JOB_FILE, {"fingerprint": digest, "mlflow_run_id": run_id})
@@ -143,7 +154,8 @@ class RunLogger(TrainerCallback, ExportableState):
     before its last checkpoint (see :func:`is_resumable`) or starts over, and redoes steps the run has.
 
     Subclasses add their own state with :meth:`extra_state`, get it back in :meth:`resumed`, and
-    start afresh in :meth:`started`.
+    start afresh in :meth:`started`. In a multi-process run only the main process has a run; on the
+    others ``run`` is None and nothing is logged.
     """
 
     def __init__(self, run: Any, hold: bool) -> None:
@@ -161,7 +173,7 @@ class RunLogger(TrainerCallback, ExportableState):
         return {k: v for k, v in metrics.items() if step not in self.present.get(metric_name(k), ())}
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        if not (metrics := self.missing(metrics, step)):
+        if self.run is None or not (metrics := self.missing(metrics, step)):
             return
         if self.hold:
             self.pending.append((step, metrics))
@@ -169,7 +181,7 @@ class RunLogger(TrainerCallback, ExportableState):
             self.run.log_metrics(metrics, step=step)
 
     def flush(self) -> None:
-        if self.pending:
+        if self.run is not None and self.pending:
             self.run.log_steps(self.pending, {LOGGED_TAG: self.pending[-1][0]})
             self.pending = []
 
@@ -186,7 +198,7 @@ class RunLogger(TrainerCallback, ExportableState):
         """Training resumes from a checkpoint whose callback state is ``saved``."""
 
     def on_train_begin(self, args, state, control, model=None, **kw):  # noqa: ANN001
-        if self.hold:  # a continued run may have steps already, even when training starts over
+        if self.hold and self.run is not None:  # a continued run may have steps already
             self.present = self.run.metric_steps()
         # On resume the Trainer has loaded the checkpoint's trainer_state.json into `state`.
         saved = state.stateful_callbacks.get(type(self).__name__)
@@ -195,7 +207,7 @@ class RunLogger(TrainerCallback, ExportableState):
             return
         attributes = saved["attributes"]
         pending = ((step, self.missing(m, step)) for step, m in attributes["pending"])
-        self.pending = [(step, m) for step, m in pending if m]
+        self.pending = [(step, m) for step, m in pending if m] if self.run is not None else []
         self.resumed(attributes, state)
 
     def on_save(self, args, state, control, **kw):  # noqa: ANN001

@@ -6,6 +6,10 @@ TRL's SFTTrainer fits the teacher completions (loss on completion tokens only) a
 saved with ``save_pretrained``. Checkpoints every ``sft.save_every`` steps go to
 ``--checkpoint-dir``; a rerun after a crash resumes from the last one (docs/RESUME.md).
 
+Launched by ``rredcot launch sft`` (one process, or ``accelerate launch`` with the config's
+``distributed`` settings); only the main process writes. Float32 master weights; ``model.dtype``
+bfloat16 trains under autocast.
+
 CLI: ``python -m rredcot.sft --config C --data sft.jsonl --out results/models/sft``.
 """
 
@@ -23,9 +27,18 @@ from trl import SFTConfig, SFTTrainer
 
 from rredcot.config import load_config
 from rredcot.data import format_prompt, sft_records
-from rredcot.jsonl import atomic_dir, read_jsonl
+from rredcot.distributed import process_state, save_model_whole
+from rredcot.jsonl import read_jsonl
 from rredcot.modeling import build_scratch_model, load_model, load_tokenizer, set_threads, train_tokenizer
-from rredcot.resume import SAVE_TOTAL_LIMIT, RunLogger, checkpoint_step, discard, fingerprint, prepare, record
+from rredcot.resume import (
+    SAVE_TOTAL_LIMIT,
+    RunLogger,
+    checkpoint_step,
+    discard,
+    fingerprint,
+    prepare_shared,
+    record,
+)
 
 
 class MetricsCallback(RunLogger):
@@ -42,8 +55,8 @@ def build_start(cfg: Mapping[str, Any], rows: list[dict], resume_from: Path | No
     A resumed job takes the tokenizer it trained before from the checkpoint rather than training it
     again; the Trainer then loads the checkpoint's weights over the model."""
     spec = cfg["model"]
-    if spec["kind"] == "pretrained":
-        return load_tokenizer(spec["name_or_path"]), load_model(spec["name_or_path"])
+    if spec["kind"] == "pretrained":  # float32 master weights; autocast computes in model.dtype
+        return load_tokenizer(spec["name_or_path"]), load_model(spec["name_or_path"], "float32")
     if resume_from is not None:
         tok = load_tokenizer(resume_from)
     else:
@@ -98,7 +111,8 @@ def run_sft(
         save_steps=max(1, s["save_every"]),
         save_total_limit=SAVE_TOTAL_LIMIT,
         report_to="none",
-        bf16=False,
+        bf16=cfg["model"]["dtype"] == "bfloat16",
+        fp16=cfg["model"]["dtype"] == "float16",
         use_cpu=not torch.cuda.is_available(),
         seed=s["seed"],
         dataloader_num_workers=0,
@@ -112,9 +126,7 @@ def run_sft(
     )
     t0 = time.time()
     result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    with atomic_dir(out) as tmp:  # the model appears whole or not at all
-        trainer.model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+    save_model_whole(trainer, tok, out)  # the model appears whole or not at all
     resumed_step = checkpoint_step(resume_from) if resume_from else 0
     return {
         "sft_seconds": time.time() - t0,
@@ -139,11 +151,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     set_threads(cfg["threads"]["sft"])
+    state = process_state()
+    main_process = state.is_main_process
     checkpoints = Path(args.checkpoint_dir or Path(cfg["results_dir"]) / "checkpoints" / "sft")
     digest = fingerprint(job_settings(cfg), [args.data])
     s = cfg["sft"]
-    start = prepare(checkpoints, digest, s["resume"] and s["save_every"] > 0, "sft")
-    if start.checkpoint:
+    start = prepare_shared(state, checkpoints, digest, s["resume"] and s["save_every"] > 0, "sft")
+    if start.checkpoint and main_process:
         print(f"[sft] resuming from {start.checkpoint.name}", flush=True)
     with stage_run(
         cfg,
@@ -152,13 +166,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         params={"model": cfg["model"], "sft": cfg["sft"], "data": args.data},
         tags=start.tags,
         resume=start.run_id,
+        active=main_process,
     ) as run:
-        if s["save_every"] > 0:
+        if main_process and s["save_every"] > 0:
             record(checkpoints, digest, run.run_id)
         summary = run_sft(cfg, args.data, Path(args.out), run, checkpoints, start.checkpoint)
-        run.log_metrics(summary)
-        print(f"[sft] {summary}")
-    discard(checkpoints)  # only now: a kill before this point resumes at the last step
+        if main_process:
+            run.log_metrics(summary)
+            print(f"[sft] {summary}")
+    state.wait_for_everyone()
+    if main_process:
+        discard(checkpoints)  # only now: a kill before this point resumes at the last step
 
 
 if __name__ == "__main__":

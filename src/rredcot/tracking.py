@@ -526,6 +526,12 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def stage_run(cfg: Mapping[str, Any], name: str, **kwargs: Any) -> AbstractContextManager[JobRun]:
-    """``job_run`` for a pipeline stage: the store and experiment come from the validated config."""
+def stage_run(
+    cfg: Mapping[str, Any], name: str, active: bool = True, **kwargs: Any
+) -> AbstractContextManager[JobRun | None]:
+    """``job_run`` for a pipeline stage: the store and experiment come from the validated config.
+
+    ``active=False`` (the other processes of a multi-process job) gives ``None`` and logs nothing."""
+    if not active:
+        return nullcontext(None)
     return job_run(name, results_dir=cfg["results_dir"], experiment=cfg["experiment"], **kwargs)

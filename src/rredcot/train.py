@@ -9,6 +9,13 @@ MLflow run (:mod:`rredcot.resume`, docs/RESUME.md).
 
 ``RREDCoTTrainer`` (in :mod:`rredcot.trainer`) is the library entry point for TRL users; this module
 only wires the config to it.
+
+Launched by ``rredcot launch`` (:mod:`rredcot.launch`) through ``accelerate launch`` when the config
+names an accelerate config: every process runs this module, and only the main process writes (the
+MLflow run, checkpoint bookkeeping, metrics, credit pictures, the model and the curve); the probe is
+split over all processes. Precision: float32 master weights and Adam states always; with
+``model.dtype`` bfloat16 the forward and backward run under autocast and the LM head's log-softmax in
+float32 (``cast_lm_head_to_fp32``).
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
+import os
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -28,11 +37,20 @@ from trl import GRPOConfig
 
 from rredcot.config import arm_label, load_config
 from rredcot.data import correctness_reward, rl_records
-from rredcot.evaluate import probe_accuracy
-from rredcot.jsonl import atomic_dir, atomic_path, read_jsonl
-from rredcot.modeling import load_model, load_tokenizer, set_threads
+from rredcot.distributed import process_state, save_model_whole
+from rredcot.jsonl import atomic_path, read_jsonl
+from rredcot.modeling import load_tokenizer, set_threads
 from rredcot.prefix_scoring import ScoringBudget
-from rredcot.resume import SAVE_TOTAL_LIMIT, RunLogger, checkpoint_step, discard, fingerprint, prepare, record
+from rredcot.probe import probe_accuracy, probe_settings
+from rredcot.resume import (
+    SAVE_TOTAL_LIMIT,
+    RunLogger,
+    checkpoint_step,
+    discard,
+    fingerprint,
+    prepare_shared,
+    record,
+)
 from rredcot.segmentation import SegmentationConfig
 from rredcot.trainer import CreditConfig, RREDCoTTrainer
 
@@ -73,33 +91,64 @@ def credit_config(cfg: Mapping[str, Any], arm: str) -> CreditConfig:
     )
 
 
-def grpo_args(cfg: Mapping[str, Any], arm: str, seed: int, output_dir: str | Path) -> GRPOConfig:
+def mixed_precision(cfg: Mapping[str, Any]) -> dict[str, bool]:
+    """TrainingArguments precision flags: float32 master weights always; ``model.dtype`` is the
+    autocast dtype of forward and backward (float32: none)."""
+    dtype = cfg["model"]["dtype"]
+    return {"bf16": dtype == "bfloat16", "fp16": dtype == "float16"}
+
+
+def micro_batching(cfg: Mapping[str, Any], processes: int) -> tuple[int, int]:
+    """(per-process micro-batch, gradient accumulation steps) for ``processes`` training processes.
+
+    One optimizer step takes prompts_per_step x num_generations completions:
+    micro-batch x processes x accumulation steps of them."""
+    rl = cfg["rl"]
+    batch = rl["prompts_per_step"] * rl["num_generations"]
+    if batch % processes:
+        raise ValueError(
+            f"prompts_per_step x num_generations ({batch}) must split evenly over {processes} processes"
+        )
+    micro = rl["micro_batch_size"] or batch // processes
+    if (batch // processes) % micro:
+        raise ValueError(
+            f"rl.micro_batch_size {micro} must divide the {batch // processes} completions each of "
+            f"{processes} processes takes per step (prompts_per_step x num_generations = {batch})"
+        )
+    return micro, batch // processes // micro
+
+
+def grpo_args(
+    cfg: Mapping[str, Any], arm: str, seed: int, output_dir: str | Path, processes: int = 1
+) -> GRPOConfig:
     """TRL GRPOConfig shared by every arm: only the credit method (and loss type) differ.
 
-    ``rl.gpu`` settings (bf16, vLLM generation, gradient accumulation and checkpointing) apply only
-    when CUDA is available; on a CPU the same config trains in float32 with transformers generation.
+    ``rl.gpu`` settings (vLLM generation, gradient checkpointing) apply only when CUDA is available.
+    The micro-batch and gradient accumulation follow from ``rl.micro_batch_size`` and the number of
+    training processes (:func:`micro_batching`).
     """
     rl = cfg["rl"]
     cuda = torch.cuda.is_available()
     gpu = rl.get("gpu", {}) if cuda else {}
-    batch = rl["prompts_per_step"] * rl["num_generations"]
-    accumulate = gpu.get("gradient_accumulation_steps", 1)
-    if batch % accumulate:
-        raise ValueError(
-            f"rl.gpu.gradient_accumulation_steps ({accumulate}) must divide prompts_per_step x "
-            f"num_generations ({batch})"
-        )
+    micro, accumulate = micro_batching(cfg, processes)
     vllm = {}
     if gpu.get("use_vllm"):
-        vllm = {
-            "use_vllm": True,
-            "vllm_mode": gpu["vllm_mode"],
-            "vllm_gpu_memory_utilization": gpu["vllm_gpu_memory_utilization"],
-        }
+        vllm = {"use_vllm": True, "vllm_mode": gpu["vllm_mode"]}
+        if gpu["vllm_mode"] == "colocate":
+            vllm["vllm_gpu_memory_utilization"] = gpu["vllm_gpu_memory_utilization"]
+        else:  # the server `rredcot launch` started; it exports where it listens
+            server = cfg["distributed"]["vllm_server"]
+            vllm |= {
+                "vllm_server_host": os.environ.get("RREDCOT_VLLM_HOST", "127.0.0.1"),
+                "vllm_server_port": int(os.environ.get("RREDCOT_VLLM_PORT", server["port"])),
+                "vllm_group_port": server["group_port"],
+                "vllm_server_timeout": float(server["startup_timeout"]),
+            }
+    precision = mixed_precision(cfg)
     return GRPOConfig(
         output_dir=str(output_dir),
         loss_type=cfg["arms"][arm].get("loss_type", "grpo"),  # TRL's default is dapo: be explicit
-        per_device_train_batch_size=batch // accumulate,
+        per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulate,
         num_generations=rl["num_generations"],
         max_completion_length=rl["max_completion_length"],
@@ -117,7 +166,9 @@ def grpo_args(cfg: Mapping[str, Any], arm: str, seed: int, output_dir: str | Pat
         save_steps=max(1, rl["save_every"]),
         save_total_limit=SAVE_TOTAL_LIMIT,
         report_to="none",
-        bf16=bool(gpu.get("bf16", False)),
+        **precision,
+        # The policy's log-probabilities from a float32 head, as the credit passes compute theirs.
+        cast_lm_head_to_fp32=precision["bf16"] or precision["fp16"],
         gradient_checkpointing=bool(gpu.get("gradient_checkpointing", False)),
         use_cpu=not cuda,
         **({"use_vllm": False} | vllm),
@@ -128,11 +179,45 @@ def grpo_args(cfg: Mapping[str, Any], arm: str, seed: int, output_dir: str | Pat
     )
 
 
-class CurveCallback(RunLogger):
-    """Logs trainer metrics to MLflow and probes held-out greedy accuracy every ``every`` steps.
+def build_trainer(
+    cfg: Mapping[str, Any],
+    arm: str,
+    seed: int,
+    model_dir: str,
+    rows: list[dict],
+    output_dir: str | Path,
+    callbacks: Sequence[Any] = (),
+    reward_funcs: Sequence[Any] = (correctness_reward,),
+) -> RREDCoTTrainer:
+    """The arm's RREDCoTTrainer on the start model in ``model_dir`` and the RL rows.
 
-    Its state (curve so far, step times) is saved in each checkpoint and restored on resume, and
-    ``metrics.jsonl`` is rebuilt from the checkpoint's log history, so no step is lost or repeated.
+    The model is loaded by TRL from its path in float32 (``model_init_kwargs``), so that under ZeRO-3
+    it is created sharded, and its reference model, if any, is built the same way.
+    """
+    tok = load_tokenizer(model_dir)
+    train_ds = Dataset.from_list(rl_records(rows, cfg["prompt"], tok))
+    args = grpo_args(cfg, arm, seed, output_dir, process_state().num_processes)
+    # Master weights in float32 (autocast computes in model.dtype); accelerate places the model.
+    args.model_init_kwargs = {"dtype": torch.float32, "device_map": None}
+    return RREDCoTTrainer(
+        model=str(model_dir),
+        reward_funcs=list(reward_funcs),
+        args=args,
+        train_dataset=train_ds,
+        processing_class=tok,
+        callbacks=list(callbacks),
+        credit=credit_config(cfg, arm),
+    )
+
+
+class CurveCallback(RunLogger):
+    """Logs trainer metrics to MLflow and probes held-out accuracy every ``every`` steps.
+
+    Runs on every training process: the probe is split over them (:mod:`rredcot.probe`); the
+    MLflow run, ``metrics.jsonl`` and the credit pictures belong to the main process (``run`` is None
+    on the others). Its state (curve so far, step times) is saved in each checkpoint and restored on
+    resume, and ``metrics.jsonl`` is rebuilt from the checkpoint's log history, so no step is lost or
+    repeated.
     """
 
     def __init__(
@@ -140,18 +225,18 @@ class CurveCallback(RunLogger):
         run: Any,
         tokenizer: Any,
         eval_rows: list[dict],
-        template: str | Mapping[str, Any],
+        prompt_cfg: Mapping[str, Any],
         every: int,
-        eval_cfg: Mapping[str, Any],
+        probe: Mapping[str, Any],
         metrics_path: Path,
         hold: bool = False,
     ) -> None:
         super().__init__(run, hold)
-        self.tok, self.rows, self.template = tokenizer, eval_rows, template
-        self.every, self.eval_cfg = every, eval_cfg
+        self.tok, self.rows, self.prompt_cfg = tokenizer, eval_rows, prompt_cfg
+        self.every, self.probe = every, probe
         self.curve: list[dict[str, float]] = []
         self.metrics_path = metrics_path
-        self.metrics_fh: Any = None  # opened when training begins, closed when it ends
+        self.metrics_fh: Any = None  # opened when training begins, closed when it ends (main process)
         self.views_dir: Path | None = None  # where credit pictures go (set by train())
         self.trainer: RREDCoTTrainer | None = None
         self.step_seconds: list[float] = []
@@ -161,14 +246,22 @@ class CurveCallback(RunLogger):
         self._step_t0 = 0.0
         self._views_done = 0
 
-    def _probe(self, model: torch.nn.Module, step: int) -> None:
-        acc = probe_accuracy(model, self.tok, self.rows, self.template, self.eval_cfg)
-        self.curve.append({"step": step, **acc})
-        self.log({f"heldout_{k}_accuracy": v for k, v in acc.items()}, step=step)
-        print(
-            f"[train] step {step}: held-out accuracy greedy {acc['greedy']:.3f} sampled {acc['sampled']:.3f}",
-            flush=True,
+    @property
+    def main(self) -> bool:
+        return self.run is not None
+
+    def _probe(self, step: int) -> None:
+        if self.every <= 0:
+            return
+        trainer = self.trainer
+        acc = probe_accuracy(
+            trainer.model_wrapped, self.tok, self.rows, self.prompt_cfg, self.probe, trainer.accelerator
         )
+        self.curve.append({"step": step, **acc})
+        self.log({f"heldout_{k}_accuracy": v for k, v in acc.items() if math.isfinite(v)}, step=step)
+        if self.main:
+            greedy = f"greedy {acc['greedy']:.3f} " if math.isfinite(acc["greedy"]) else ""
+            print(f"[train] step {step}: held-out accuracy {greedy}sampled {acc['sampled']:.3f}", flush=True)
 
     @property
     def seconds(self) -> float:
@@ -178,10 +271,14 @@ class CurveCallback(RunLogger):
     def extra_state(self) -> dict[str, Any]:
         return {"curve": self.curve, "step_seconds": self.step_seconds, "seconds": self.seconds}
 
+    def _open_metrics(self) -> None:
+        if self.main:
+            self.metrics_fh = open(self.metrics_path, "w")  # noqa: SIM115 - closed in on_train_end
+
     def started(self, state, model):  # noqa: ANN001
         self._t_begin = time.time()
-        self.metrics_fh = open(self.metrics_path, "w")  # noqa: SIM115 - closed in on_train_end
-        self._probe(model, 0)
+        self._open_metrics()
+        self._probe(0)
 
     def resumed(self, saved, state):  # noqa: ANN001
         # The step-0 probe and every step up to the checkpoint are done: take their results back.
@@ -189,7 +286,7 @@ class CurveCallback(RunLogger):
         self.curve = [dict(row) for row in saved["curve"]]
         self.step_seconds = list(saved["step_seconds"])
         self.seconds_before = float(saved["seconds"])
-        self.metrics_fh = open(self.metrics_path, "w")  # noqa: SIM115 - closed in on_train_end
+        self._open_metrics()
         for logs in state.log_history:
             self._write_metrics(logs["step"], logs)
 
@@ -203,8 +300,8 @@ class CurveCallback(RunLogger):
         self.steps_done += 1
         self.log({"perf/step_seconds": seconds}, step=state.global_step)
         self._write_views()
-        if state.global_step % self.every == 0 or state.global_step == state.max_steps:
-            self._probe(model, state.global_step)
+        if self.every > 0 and (state.global_step % self.every == 0 or state.global_step == state.max_steps):
+            self._probe(state.global_step)
 
     def _write_views(self) -> None:
         """Render the credit records the trainer kept since the last step and log them to MLflow."""
@@ -212,7 +309,7 @@ class CurveCallback(RunLogger):
 
         views = self.trainer.credit_views if self.trainer is not None else []
         new = views[self._views_done :]
-        if not new or self.views_dir is None:
+        if not self.main or not new or self.views_dir is None:
             return
         self._views_done = len(views)
         step = new[0]["step"]
@@ -222,8 +319,9 @@ class CurveCallback(RunLogger):
 
     def _write_metrics(self, step: int, logs: Mapping[str, Any]) -> dict[str, float]:
         numeric = {k: float(v) for k, v in logs.items() if isinstance(v, int | float) and k != "step"}
-        self.metrics_fh.write(json.dumps({"step": step, **numeric}) + "\n")
-        self.metrics_fh.flush()
+        if self.metrics_fh is not None:
+            self.metrics_fh.write(json.dumps({"step": step, **numeric}) + "\n")
+            self.metrics_fh.flush()
         return numeric
 
     def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
@@ -231,7 +329,8 @@ class CurveCallback(RunLogger):
             self.log(self._write_metrics(state.global_step, logs), step=state.global_step)
 
     def on_train_end(self, args, state, control, **kw):  # noqa: ANN001
-        self.metrics_fh.close()
+        if self.metrics_fh is not None:
+            self.metrics_fh.close()
         super().on_train_end(args, state, control, **kw)
 
 
@@ -247,7 +346,7 @@ def job_settings(cfg: Mapping[str, Any], arm: str, seed: int) -> dict[str, Any]:
     """Everything in the config that changes what a train job computes: its checkpoints are only
     resumed under the same settings (thread counts and the checkpoint interval don't count)."""
     rl = {k: v for k, v in cfg["rl"].items() if k not in ("save_every", "resume")}
-    keys = ("credit", "prompt", "eval")
+    keys = ("credit", "prompt", "eval", "model")
     return {"arm": cfg["arms"][arm], "rl": rl, "seed": seed, **{k: cfg[k] for k in keys}}
 
 
@@ -268,45 +367,34 @@ def train(
     resume_from: Path | None = None,
 ) -> dict[str, float]:
     """Train one arm/seed, checkpointing into ``checkpoints`` (resuming from ``resume_from`` if
-    given); returns final summary metrics."""
+    given); returns final summary metrics. ``run`` is the MLflow run on the main process, None on
+    the others."""
     out.mkdir(parents=True, exist_ok=True)
     random.seed(seed)
     torch.manual_seed(seed)
     tok = load_tokenizer(model_dir)
-    # The start: a resumed Trainer loads the checkpoint's weights over it.
-    model = load_model(model_dir, cfg["model"].get("dtype", "float32"))
-    template = cfg["prompt"]  # the whole section: chat-style prompts need the tokenizer's template
-    train_ds = Dataset.from_list(rl_records(read_jsonl(data), template, tok))
     eval_rows = read_jsonl(eval_data)[: cfg["rl"]["eval_problems"]]
     callback = CurveCallback(
         run,
         tok,
         eval_rows,
-        template,
+        cfg["prompt"],  # the whole section: chat-style prompts need the tokenizer's template
         cfg["rl"]["eval_every"],
-        cfg["eval"],
+        probe_settings(cfg),
         out / "metrics.jsonl",
         hold=cfg["rl"]["save_every"] > 0,
     )
-    trainer = RREDCoTTrainer(
-        model=model,
-        reward_funcs=[correctness_reward],
-        args=grpo_args(cfg, arm, seed, checkpoints),
-        train_dataset=train_ds,
-        processing_class=tok,
-        callbacks=[callback],
-        credit=credit_config(cfg, arm),
-    )
+    # The start: a resumed Trainer loads the checkpoint's weights over it.
+    trainer = build_trainer(cfg, arm, seed, model_dir, read_jsonl(data), checkpoints, [callback])
     callback.trainer = trainer
     callback.views_dir = out / "credit"
     # The Trainer restores weights, optimizer, scheduler, RNG states and data position (docs/RESUME.md).
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     # Outputs appear whole or not at all: a killed job never leaves one that looks finished.
-    with atomic_dir(out / "model") as tmp:
-        trainer.model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-    write_curve(out / "curve.csv", callback.curve, arm, seed)
-    final = callback.curve[-1]
+    save_model_whole(trainer, tok, out / "model")
+    if trainer.accelerator.is_main_process:
+        write_curve(out / "curve.csv", callback.curve, arm, seed)
+    final = callback.curve[-1] if callback.curve else {"greedy": math.nan, "sampled": math.nan}
     steps = sorted(callback.step_seconds)
     seconds = callback.seconds
     return {
@@ -317,6 +405,7 @@ def train(
         "final_heldout_sampled_accuracy": final["sampled"],
         "resumed_from_step": checkpoint_step(resume_from) if resume_from else 0,
         "steps_this_attempt": callback.steps_done,
+        "processes": trainer.accelerator.num_processes,
     }
 
 
@@ -341,18 +430,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.arm not in cfg["arms"]:
         raise SystemExit(f"unknown arm {args.arm!r}; configured arms: {', '.join(cfg['arms'])}")
     set_threads(cfg["threads"]["train"])
+    state = process_state()  # one process, or this job's share of an `accelerate launch`
+    main_process = state.is_main_process
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     checkpoints = Path(args.checkpoint_dir or default_checkpoint_dir(cfg, args.arm, args.seed))
     digest = fingerprint(job_settings(cfg, args.arm, args.seed), [args.model, args.data, args.eval_data])
     rl = cfg["rl"]
-    start = prepare(checkpoints, digest, rl["resume"] and rl["save_every"] > 0, "train")
-    if start.checkpoint:
+    # The main process decides where to start (it may delete stale checkpoints); the others follow.
+    start = prepare_shared(state, checkpoints, digest, rl["resume"] and rl["save_every"] > 0, "train")
+    if start.checkpoint and main_process:
         print(f"[train] resuming from {start.checkpoint.name}", flush=True)
     params = {
         "arm": cfg["arms"][args.arm],
         "rl": cfg["rl"],
         "credit": cfg["credit"],
+        "model_dtype": cfg["model"]["dtype"],
+        "distributed": {**cfg["distributed"], "processes": state.num_processes},
         "seed": args.seed,
         "model": args.model,
         "data": args.data,
@@ -373,9 +466,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         params=params,
         tags=tags,
         resume=start.run_id,
+        active=main_process,
     ) as run:
-        if rl["save_every"] > 0:
-            record(checkpoints, digest, run.run_id)
+        if main_process:
+            out.mkdir(parents=True, exist_ok=True)
+            if rl["save_every"] > 0:
+                record(checkpoints, digest, run.run_id)
         summary = train(
             cfg,
             args.arm,
@@ -388,11 +484,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             checkpoints,
             start.checkpoint,
         )
-        run.log_metrics(summary)
-        run.log_artifact(out / "curve.csv")
-        run.log_artifact(out / "metrics.jsonl")
-        print(f"[train] {args.arm} seed {args.seed}: {summary}")
-    discard(checkpoints)  # only now: a kill before this point resumes at the last step
+        if main_process:
+            run.log_metrics(summary)
+            run.log_artifact(out / "curve.csv")
+            run.log_artifact(out / "metrics.jsonl")
+            print(f"[train] {args.arm} seed {args.seed}: {summary}")
+    state.wait_for_everyone()
+    if main_process:
+        discard(checkpoints)  # only now: a kill before this point resumes at the last step
 
 
 if __name__ == "__main__":

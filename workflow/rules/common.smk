@@ -42,6 +42,29 @@ wildcard_constraints:
     seed=r"\d+",
 
 
+# Train and SFT jobs run through `rredcot launch` on the resources the config asks for: GPUs per node
+# (the `gpu` resource, --gpus on SLURM) and nodes; several nodes make it an `srun` job of its own
+# (the executor's mpi route: the command runs once in the allocation and starts a launcher per node).
+DIST = config["distributed"]
+
+
+def launch_resources():
+    if DIST["nodes"] == 1:
+        return {"gpu": DIST["gpus_per_node"]}
+    return {
+        "nodes": DIST["nodes"],
+        "tasks": DIST["nodes"],
+        "tasks_per_gpu": 0,
+        "mpi": "srun",
+        "gres": f"gpu:{DIST['gpus_per_node']}",
+    }
+
+
+def launch_threads(stage):
+    """CPU threads of a launched job: the stage's threads for each process on a node."""
+    return config["threads"][stage] * max(DIST["gpus_per_node"], DIST["cpu_processes"])
+
+
 SYNTHETIC = config["data"]["kind"] == "synthetic"
 BENCHMARKS = [] if SYNTHETIC else list(config["data"]["benchmarks"])
 TABLE = f"{R}/{config['report']['table']}"

@@ -12,7 +12,9 @@ rule train:
         f"{R}/benchmarks/train/{{arm}}/seed{{seed}}.tsv"
     conda:
         "../../envs/rredcot.yaml"
-    threads: config["threads"]["train"]
+    threads: launch_threads("train")
+    resources:
+        **launch_resources(),
     params:
         cfg=PY_CONFIG,
         model=START_MODEL,
@@ -20,10 +22,11 @@ rule train:
         # Checkpoint settings don't change the outputs: changing them must not rerun finished jobs.
         rl={k: v for k, v in config["rl"].items() if k not in ("save_every", "resume")},
         credit=config["credit"],
+        distributed=DIST,
         out=lambda wc: f"{R}/train/{wc.arm}/seed{wc.seed}",
         # Not an output: Snakemake deletes a failed job's outputs, and a rerun resumes from these.
         checkpoints=lambda wc: f"{R}/checkpoints/train/{wc.arm}/seed{wc.seed}",
     shell:
-        "rredcot train --config {params.cfg} --arm {wildcards.arm} --seed {wildcards.seed}"
+        "rredcot launch train --config {params.cfg} --arm {wildcards.arm} --seed {wildcards.seed}"
         " --model {params.model} --data {input.data} --eval-data {input.heldout}"
         " --out {params.out} --checkpoint-dir {params.checkpoints} > {log} 2>&1"

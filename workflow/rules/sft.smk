@@ -9,10 +9,13 @@ rule sft:
         f"{R}/benchmarks/sft.tsv"
     conda:
         "../../envs/rredcot.yaml"
-    threads: config["threads"]["sft"]
+    threads: launch_threads("sft")
+    resources:
+        **launch_resources(),
     params:
         cfg=PY_CONFIG,
         model=config["model"],
+        distributed=DIST,
         # Checkpoint settings don't change the output: changing them must not rerun a finished job.
         sft={
             k: v
@@ -22,5 +25,5 @@ rule sft:
         # Not an output: Snakemake deletes a failed job's outputs, and a rerun resumes from these.
         checkpoints=f"{R}/checkpoints/sft",
     shell:
-        "rredcot sft --config {params.cfg} --data {input} --out {output}"
+        "rredcot launch sft --config {params.cfg} --data {input} --out {output}"
         " --checkpoint-dir {params.checkpoints} > {log} 2>&1"

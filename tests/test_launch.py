@@ -1,0 +1,79 @@
+"""`rredcot launch` plans a job's processes from its resources, without starting anything."""
+
+from __future__ import annotations
+
+import pytest
+
+import rredcot.launch as L
+from rredcot.config import load_config
+
+CONFIG = "config/config.yaml"
+
+
+def _cfg(**distributed):
+    overrides = {"distributed": distributed}
+    if distributed.pop("server", False):
+        overrides["rl"] = {"gpu": {"use_vllm": True, "vllm_mode": "server"}}
+    return load_config(CONFIG, overrides)
+
+
+def test_the_default_runs_in_this_process():
+    plan = L.plan_launch(_cfg(), "train", "m", env={}, cuda_count=0)
+    assert plan.in_process and plan.processes == 1 and not plan.cuda
+
+
+def test_cpu_processes_use_gloo_ddp():
+    plan = L.plan_launch(_cfg(cpu_processes=2), "train", "m", env={}, cuda_count=0)
+    cmd = L.stage_command(plan, _cfg(), ["--config", "c"])
+    assert not plan.in_process and plan.processes == 2
+    assert cmd[cmd.index("--num_processes") + 1] == "2" and "--multi_gpu" in cmd
+    assert cmd[-4:] == ["-m", "rredcot.train", "--config", "c"]
+
+
+def test_one_process_per_visible_gpu_with_the_named_accelerate_config():
+    cfg = _cfg(accelerate_config="config/accelerate/zero3.yaml", gpus_per_node=4)
+    plan = L.plan_launch(cfg, "train", "m", env={"CUDA_VISIBLE_DEVICES": "3,5,6,7"}, cuda_count=4)
+    assert plan.processes == 4 and plan.train_gpus == ["3", "5", "6", "7"] and plan.server is None
+    cmd = L.stage_command(plan, cfg, [])
+    assert cmd[cmd.index("--config_file") + 1] == "config/accelerate/zero3.yaml"
+
+
+def test_vllm_server_takes_the_last_gpus_of_a_single_node():
+    cfg = _cfg(accelerate_config="config/accelerate/zero3.yaml", gpus_per_node=8, server=True)
+    plan = L.plan_launch(cfg, "train", "/models/start", env={}, cuda_count=8)
+    assert plan.processes == 7 and plan.train_gpus == [str(i) for i in range(7)]
+    assert plan.server.gpus == ["7"] and plan.server.host == "127.0.0.1" and plan.server.port == 8000
+    assert plan.server.command[plan.server.command.index("serve") + 1] == "/models/start"
+    assert "--weight-transfer-config" in plan.server.command  # TRL's flags, from TRL's own builder
+    # SFT never starts a server
+    assert L.plan_launch(cfg, "sft", "/models/start", env={}, cuda_count=8).server is None
+
+
+def test_a_server_needs_a_gpu_left_for_training():
+    cfg = _cfg(gpus_per_node=1, server=True)
+    with pytest.raises(SystemExit, match="at least one for training"):
+        L.plan_launch(cfg, "train", "m", env={}, cuda_count=1)
+    with pytest.raises(SystemExit, match="needs GPUs"):
+        L.plan_launch(cfg, "train", "m", env={}, cuda_count=0)
+
+
+def test_several_nodes_launch_through_srun(monkeypatch, capsys):
+    monkeypatch.setattr(L, "_slurm_nodes", lambda env: ["gpu01", "gpu02", "gpu03"])
+    cfg = _cfg(accelerate_config="config/accelerate/zero3.yaml", gpus_per_node=8, nodes=3, server=True)
+    env = {"SLURM_JOB_NUM_NODES": "3", "SLURM_JOB_NODELIST": "gpu[01-03]"}
+    plan = L.plan_launch(cfg, "train", "m", env=env, cuda_count=8)
+    # The last node serves vLLM on all its GPUs; the other two train, 8 processes each.
+    assert (plan.nodes, plan.processes_per_node, plan.processes) == (2, 8, 16)
+    assert plan.server.node == "gpu03" and plan.server.host == "gpu03"
+    assert plan.node_names == ["gpu01", "gpu02"]
+    assert L.run(plan, cfg, ["--config", "c"], server_log=None, dry_run=True) == 0
+    printed = capsys.readouterr().out
+    assert "srun --nodes=2 --ntasks-per-node=1 --nodelist=gpu01,gpu02" in printed
+    assert "--machine_rank $SLURM_NODEID --main_process_ip gpu01" in printed
+    assert "server: srun --nodes=1 --ntasks=1 --nodelist=gpu03" in printed
+
+
+def test_the_node_count_must_match_the_job():
+    cfg = _cfg(nodes=2)
+    with pytest.raises(SystemExit, match="has 1 node"):
+        L.plan_launch(cfg, "train", "m", env={"SLURM_JOB_NUM_NODES": "1"}, cuda_count=8)
