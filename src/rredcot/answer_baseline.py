@@ -102,10 +102,11 @@ def greedy_answer_log_probs(
     ]
     eos = set(eos_ids)
     decode = _decode_and_force if has_plain_kv_cache(model) else _decode_then_force
-    # Each row may hold its head, a full solution and the forced answer: group rows by that size.
+    # Each row may hold its head, a full solution and the forced answer: group rows by that size,
+    # as many as the budget allows (each group is a decoding loop of its own: few, full groups).
     sizes = [len(r.head) + max_new_tokens + len(r.forced) for r in rows]
     with torch.inference_mode():
-        for group in length_chunks(sizes, budget.max_batch_tokens):
+        for group in length_chunks(sizes, budget.max_batch_tokens, band=0.0):
             decode(model, [rows[b] for b in group], stop_at, eos, max_new_tokens, budget)
     return torch.tensor([r.log_p for r in rows], dtype=torch.float32), [r.generated for r in rows]
 

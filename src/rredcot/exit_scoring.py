@@ -124,18 +124,22 @@ class TraceScores:
 LENGTH_BAND = 0.75
 
 
-def length_chunks(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+def length_chunks(
+    lengths: Sequence[int], max_batch_tokens: int, band: float = LENGTH_BAND
+) -> list[list[int]]:
     """Indices of sequences grouped for batched passes, longest first, each within ``max_batch_tokens``.
 
-    Padding stays under a quarter of any row: one more (short) pass costs less than the padding on
-    sampled completions of uneven length. A sequence longer than the budget gets a pass of its own.
+    A sequence shorter than ``band`` times its chunk's longest starts a new chunk: padding then stays
+    under a quarter of any row, and one more (short) pass costs less than the padding on sampled
+    completions of uneven length. ``band=0`` packs by the budget alone (for loops whose cost is per
+    call rather than per token). A sequence longer than the budget gets a pass of its own.
     """
     chunks: list[list[int]] = []
     widest = 0
     for i in sorted(range(len(lengths)), key=lambda j: lengths[j], reverse=True):
         n = lengths[i]
         fits = chunks and (len(chunks[-1]) + 1) * widest <= max_batch_tokens
-        if fits and n >= LENGTH_BAND * widest:
+        if fits and n >= band * widest:
             chunks[-1].append(i)
         else:
             chunks.append([i])
