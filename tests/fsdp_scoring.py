@@ -3,7 +3,7 @@
 Run by tests/test_distributed.py as ``torchrun --nproc_per_node 2 tests/fsdp_scoring.py OUT``
 (gloo: FSDP2 runs on CPUs, while accelerate refuses FSDP without GPUs). Process r assigns credit to
 2 + 3r traces, so the processes run different numbers of forward passes; under
-``rredcot.distributed.whole_parameters`` none of them is a collective, and the credit equals that
+``rredcot.adapter.distributed.whole_parameters`` none of them is a collective, and the credit equals that
 of the unsharded model. Each process writes ``OUT.rank<r>.json``.
 """
 
@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from tiny_models import CharTokens, tiny_qwen
 
-from rredcot.assign import CreditAssigner, CreditConfig, TraceInput
-from rredcot.distributed import whole_parameters
+from rredcot.adapter.distributed import whole_parameters
+from rredcot.method.assign import CreditAssigner, CreditConfig, TraceInput
 
 
 def items(tok: CharTokens, n: int, seed: int) -> list[TraceInput]:

@@ -15,12 +15,12 @@ from pathlib import Path
 import yaml
 from mlflow import MlflowClient
 
-from rredcot.config import load_config
-from rredcot.jsonl import write_jsonl
-from rredcot.modeling import build_scratch_model, train_tokenizer
-from rredcot.resume import is_resumable
-from rredcot.synthetic import TaskConfig, generate_splits
-from rredcot.tracking import INVOCATION_ENV, tracking_uri
+from rredcot.data.synthetic import TaskConfig, generate_splits
+from rredcot.infra.io import write_jsonl
+from rredcot.infra.resume import is_resumable
+from rredcot.infra.tracking import INVOCATION_ENV, tracking_uri
+from rredcot.lm.modeling import build_scratch_model, train_tokenizer
+from rredcot.settings.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [str(ROOT / "config" / "config.yaml"), str(ROOT / "config" / "smoke.yaml")]

@@ -19,13 +19,13 @@ import torch
 from datasets import Dataset
 from trl import GRPOTrainer
 
-from rredcot.config import load_config
-from rredcot.data import rl_records
-from rredcot.distributed import process_state
-from rredcot.jsonl import read_jsonl
-from rredcot.modeling import load_tokenizer
-from rredcot.train import credit_config, grpo_args
-from rredcot.trainer import RREDCoTTrainer
+from rredcot.adapter.distributed import process_state
+from rredcot.adapter.experiment import grpo_args
+from rredcot.adapter.trainer import RREDCoTTrainer
+from rredcot.data.records import rl_records
+from rredcot.infra.io import read_jsonl
+from rredcot.lm.modeling import load_tokenizer
+from rredcot.settings.config import credit_config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = {

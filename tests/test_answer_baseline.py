@@ -8,8 +8,8 @@ import pytest
 import torch
 from tiny_models import tiny_llama, tiny_nemotron_h, tiny_qwen, tiny_qwen3_next
 
-from rredcot.answer_baseline import greedy_answer_log_probs
-from rredcot.exit_scoring import ScoringBudget
+from rredcot.method.answer_baseline import greedy_answer_log_probs
+from rredcot.method.exit_scoring import ScoringBudget
 
 VOCAB = 53
 EOS = 1

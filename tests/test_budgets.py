@@ -14,16 +14,16 @@ import pytest
 import torch
 from tiny_models import tiny_qwen
 
-import rredcot.forward as F
-from rredcot.answer_baseline import greedy_answer_log_probs
-from rredcot.exit_scoring import (
+import rredcot.method.forward as F
+from rredcot.method.answer_baseline import greedy_answer_log_probs
+from rredcot.method.exit_scoring import (
     ExitStrings,
     ScoringBudget,
     TraceExits,
     completion_entropies,
     score_traces_naive,
 )
-from rredcot.prefix_scoring import score_traces_single_pass
+from rredcot.method.prefix_scoring import score_traces_single_pass
 
 VOCAB = 61
 BUDGET = ScoringBudget(max_batch_tokens=300, max_mask_elements=40_000, max_logit_elements=5 * VOCAB)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rredcot.config import load_config
+from rredcot.settings.config import load_config
+from rredcot.stages import config as config_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAYS = sorted(
@@ -29,7 +30,7 @@ def test_overlay_validates(overlay: Path) -> None:
 
 
 def test_localisation_recipe_writes_thinking_lines_without_the_starting_value() -> None:
-    from rredcot.synthetic import TaskConfig, generate_splits
+    from rredcot.data.synthetic import TaskConfig, generate_splits
 
     cfg = load_config([str(ROOT / "config" / "config.yaml"), str(ROOT / "config" / "localisation.yaml")])
     task = TaskConfig(**{**cfg["data"]["synthetic"], "n_sft": 40, "n_rl": 10, "n_test": 10})
@@ -61,7 +62,7 @@ def test_accelerate_configs_load(path: Path) -> None:
 
 
 def test_recipes_name_shipped_accelerate_configs_and_split_their_batch() -> None:
-    from rredcot.train import micro_batching
+    from rredcot.adapter.experiment import micro_batching
 
     for name in ("table1", "table2"):
         cfg = load_config(
@@ -73,3 +74,35 @@ def test_recipes_name_shipped_accelerate_configs_and_split_their_batch() -> None
         rl = cfg["rl"]
         assert micro * accumulate * dist["gpus_per_node"] == rl["prompts_per_step"] * rl["num_generations"]
         assert not cfg["rl"]["probe"]["greedy"]  # thinking models are probed by sampling
+
+
+def test_derived_config_files_are_current() -> None:
+    """config/config.yaml, config/README.md and the JSON schema are generated from the settings
+    tree: `rredcot config --write` after changing a default or its documentation."""
+    with pytest.raises(SystemExit) as exc:
+        config_stage.main(["--check"])
+    assert exc.value.code == 0
+
+
+def test_config_check_catches_a_stale_file(tmp_path, monkeypatch) -> None:
+    stale = tmp_path / "README.md"
+    stale.write_text("# hand-edited\n")
+    monkeypatch.setattr(config_stage, "CONFIG_README", stale)
+    monkeypatch.setattr(config_stage, "ROOT", tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        config_stage.main(["--check"])
+    assert exc.value.code == 1
+
+
+def test_the_embedded_default_is_the_settings_tree() -> None:
+    from rredcot.settings.config import defaults, load_config
+
+    assert load_config(ROOT / "config" / "config.yaml") == defaults()
+
+
+def test_arm_credit_choices_are_the_registered_methods() -> None:
+    from rredcot.method.credit import CREDIT_METHODS
+    from rredcot.settings.config import schema
+
+    arm = schema()["properties"]["arms"]["additionalProperties"]["properties"]
+    assert arm["credit"]["enum"] == list(CREDIT_METHODS)

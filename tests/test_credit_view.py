@@ -1,4 +1,4 @@
-"""Tests of the credit views (rredcot.credit_view): HTML and PNG rendering of one trace's credit."""
+"""Tests of the credit views (rredcot.viz.credit_view): HTML and PNG rendering of one trace's credit."""
 
 from __future__ import annotations
 
@@ -13,8 +13,15 @@ from typing import Any
 
 import pytest
 
-from rredcot.credit_view import credit_hex, layout_text, render_html, render_png, validate_record, write_views
-from rredcot.jsonl import read_jsonl
+from rredcot.infra.io import read_jsonl
+from rredcot.viz.credit_view import (
+    credit_hex,
+    layout_text,
+    render_html,
+    render_png,
+    validate_record,
+    write_views,
+)
 
 # A short arithmetic trace whose third line is wrong (17 * 4 is 68, not 58); one segment per line.
 LINES = [
@@ -143,10 +150,40 @@ def test_html_marks_boundaries_shares_and_chart() -> None:
     markers = re.findall(r"<span class='seg' title='[^']*'>(\d+) · (\d+)%</span>", page)
     assert [int(k) for k, _ in markers] == list(range(len(record["segment_starts"])))
     assert sum(int(p) for _, p in markers) == pytest.approx(100, abs=len(markers))
-    assert page.count("<svg") == 1 and "<polyline" in page
-    assert page.count("class='cut'") == len(record["cuts"])
-    assert "thought NLL" in page and "answer NLL" in page
-    assert "<script" not in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
+    # The chart: one inline SVG (matplotlib's, the PNG's values panel), a marker per exit point and
+    # series, its legend as text, nothing fetched from elsewhere.
+    assert page.count("<svg") == 1
+    svg = page[page.index("<svg") : page.index("</svg>")]
+    assert "log v̂" in svg and "thought NLL" in svg and "answer NLL" in svg
+    namespaces = ("http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink")
+    links = page
+    for ns in namespaces:
+        links = links.replace(ns, "")
+    assert "<script" not in page and "http://" not in links and "https://" not in links
+
+
+def test_values_chart_plots_every_exit_point() -> None:
+    """The chart of both views: log v̂ at every cut (a gap where it is -inf), NLLs on a twin axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rredcot.viz.credit_png import plot_values
+
+    record = make_record()
+    fig, ax = plt.subplots()
+    try:
+        plot_values(ax, record)
+        (values,) = [line for line in ax.get_lines() if line.get_label() == "log v̂"]
+        assert list(values.get_xdata()) == record["cuts"]
+        y = values.get_ydata()
+        for got, want in zip(y, record["log_values"], strict=True):
+            assert (want is None and got != got) or got == pytest.approx(want)
+        (twin,) = [a for a in fig.axes if a is not ax]
+        assert [line.get_label() for line in twin.get_lines()] == ["thought NLL", "answer NLL"]
+    finally:
+        plt.close(fig)
 
 
 def test_html_without_optional_fields() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from rredcot.datasets import (
+from rredcot.data.registry import (
     SCHEMA_FIELDS,
     DatasetLoadError,
     DatasetSpecError,
@@ -18,14 +18,15 @@ from rredcot.datasets import (
 )
 
 ROOT = Path(__file__).parents[1]
-DATA_DIR = ROOT.parent / "shared" / "data"
+# Samples of the files the `local/...` entries name (provenance: tests/fixtures/README.md).
+DATA_DIR = Path(__file__).parent / "fixtures" / "data"
 LOCAL_COUNTS = {
-    "math500": 500,
-    "aime24": 30,
-    "aime25": 30,
-    "amc23": 40,
-    "deepscaler_aime_train": 975,
-    "math_train": 7470,
+    "math500": 50,
+    "aime24": 20,
+    "aime25": 20,
+    "amc23": 25,
+    "deepscaler_aime_train": 50,
+    "math_train": 50,
 }
 HUB_IDS = {
     "knoveleng/open-rs",
@@ -58,10 +59,12 @@ def test_registry_lists_hub_and_local_datasets(registry: dict) -> None:
     assert {name for name in registry if name.startswith("local/")} == {f"local/{n}" for n in LOCAL_COUNTS}
 
 
-@pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data not present")
 @pytest.mark.parametrize(("name", "count"), LOCAL_COUNTS.items())
 def test_local_files_load_through_registry(registry: dict, name: str, count: int) -> None:
-    rows = load_dataset_spec(resolve_dataset(f"local/{name}", registry), root=ROOT)
+    """Each `local/...` entry's field mapping, applied to a sample of the file it names."""
+    spec = resolve_dataset(f"local/{name}", registry)
+    assert Path(spec["path"]).name == f"{name}.jsonl"
+    rows = load_dataset_spec({**spec, "path": f"{name}.jsonl"}, root=DATA_DIR)
     assert len(rows) == count
     assert len({row["id"] for row in rows}) == count
     for row in rows:
@@ -70,10 +73,10 @@ def test_local_files_load_through_registry(registry: dict, name: str, count: int
     if name == "math500":
         assert levels == {1, 2, 3, 4, 5}
     elif name == "math_train":
-        # The MATH level is stored as a float difficulty; two source rows have 0.0.
-        assert levels == {0, 1, 2, 3, 4, 5} and rows[0]["difficulty"] == 5.0
+        # The MATH level is stored as a float difficulty (two rows of the whole file have 0.0).
+        assert levels == {1, 2, 3, 4, 5} and rows[0]["difficulty"] == 5.0
     elif name == "deepscaler_aime_train":
-        assert levels == {2, 3, 4, 5, 6, 7}
+        assert levels == {2, 3, 4, 5, 6}  # 2-7 over the whole file
     else:
         assert levels == {None}
     has_solution = {row["solution"] is not None for row in rows}

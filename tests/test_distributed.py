@@ -27,8 +27,8 @@ import pytest
 import yaml
 from jobs import CONFIGS, check_resumed, job_env, kill_when_saved, make_base, train_runs, write_config
 
-from rredcot.distributed import UnsupportedBackend, backend_name, check_backend
-from rredcot.launch import free_port
+from rredcot.adapter.distributed import UnsupportedBackend, backend_name, check_backend
+from rredcot.stages.launch import free_port
 
 TESTS = Path(__file__).resolve().parent
 
@@ -65,7 +65,7 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Path:
         yaml.safe_dump({"results_dir": str(root / "results"), "sft": {"epochs": 2, "save_every": 0}})
     )
     subprocess.run(
-        [sys.executable, "-m", "rredcot.sft", "--config", *CONFIGS, str(cfg)]
+        [sys.executable, "-m", "rredcot.stages.sft", "--config", *CONFIGS, str(cfg)]
         + ["--data", str(root / "sft.jsonl"), "--out", str(root / "sft")],
         env=job_env(),
         check=True,

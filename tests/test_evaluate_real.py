@@ -15,14 +15,17 @@ import pytest
 import torch
 import yaml
 
-from rredcot.evaluate import evaluate_rows, load_benchmarks, main, problem_record, summarize
-from rredcot.generation import Completion, HFGenerator, build_prompt, make_generator
-from rredcot.grading import extract_answer, grade
-from rredcot.jsonl import read_jsonl
-from rredcot.modeling import build_scratch_model, load_model, load_tokenizer, train_tokenizer
+from rredcot.data.grading import extract_answer, grade
+from rredcot.data.records import build_prompt
+from rredcot.infra.io import read_jsonl
+from rredcot.lm.evaluation import evaluate_rows, load_benchmarks, problem_record, summarize
+from rredcot.lm.generation import Completion, HFGenerator, make_generator
+from rredcot.lm.modeling import build_scratch_model, load_model, load_tokenizer, train_tokenizer
+from rredcot.stages.evaluate import main
 
 ROOT = Path(__file__).parents[1]
-DATA_DIR = ROOT.parent / "shared" / "data"
+# Samples of the benchmark files (provenance: tests/fixtures/README.md).
+DATA_DIR = Path(__file__).parent / "fixtures" / "data"
 BENCHMARKS = {"math500": "MATH-500", "aime24": "AIME 2024", "aime25": "AIME 2025", "amc23": "AMC 2023"}
 FILES = [DATA_DIR / f"{name}.jsonl" for name in BENCHMARKS]
 CHAT_TEMPLATE = (
@@ -57,10 +60,6 @@ TINY = {
     "intermediate_size": 64,
     "max_position_embeddings": 4096,
 }
-
-pytestmark = pytest.mark.skipif(
-    not all(f.exists() for f in FILES), reason="shared benchmark data not present"
-)
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +202,7 @@ def test_answer_is_read_after_the_thinking_block() -> None:
         (row["solution"], True),  # the block never closed: the whole text counts
         ("<think>\n" + row["solution"] + "\n</think>\nThe answer is above.", False),
     ]
-    samples = [Completion(text, 100, False) for text, _ in cases]
+    samples = [Completion([0] * 100, text, False) for text, _ in cases]
     record = problem_record(row, None, samples, PROMPT["exit_string"], keep_completions=True)
     assert record["sample_correct"] == [ok for _, ok in cases]
     assert record["benchmark"] == "MATH-500"
@@ -235,10 +234,10 @@ def test_vllm_backend_without_vllm_says_what_to_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail even where it is installed
     with pytest.raises(ImportError, match=r"rredcot\[gpu\]"):
-        make_generator({**EVAL, "backend": "vllm"}, model_dir, load_tokenizer(model_dir))
+        make_generator("vllm", model_dir, load_tokenizer(model_dir))
 
 
 def test_max_problems_caps_each_file() -> None:
     rows = load_benchmarks(FILES, max_problems=3)
     assert [r["source"] for r in rows] == [s for s in BENCHMARKS.values() for _ in range(3)]
-    assert len(load_benchmarks(FILES[1:2], max_problems=None)) == 30
+    assert len(load_benchmarks(FILES[1:2], max_problems=None)) == 20

@@ -7,8 +7,8 @@ import torch
 from tiny_models import tiny_qwen
 from transformers import Qwen2ForCausalLM
 
-from rredcot.credit import pr_log_value
-from rredcot.exit_scoring import ExitScores, score_exit_points, score_reference_pairs
+from rredcot.method.credit import pr_log_value
+from rredcot.method.exit_scoring import ExitScores, score_exit_points, score_reference_pairs
 
 VOCAB = 50
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rredcot.gpu_check import main
+from rredcot.stages.gpu_check import main
 
 
 @pytest.mark.slow

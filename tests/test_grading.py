@@ -7,10 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from rredcot.grading import answers_equivalent, extract_answer, extract_boxed, final_part, grade, parseable
-from rredcot.jsonl import read_jsonl
+from rredcot.data.grading import (
+    answers_equivalent,
+    extract_answer,
+    extract_boxed,
+    final_part,
+    grade,
+    parseable,
+)
+from rredcot.infra.io import read_jsonl
 
-DATA_DIR = Path(__file__).parents[2] / "shared" / "data"
+# Samples of the public benchmarks (provenance: tests/fixtures/README.md).
+DATA_DIR = Path(__file__).parent / "fixtures" / "data"
 
 EQUIVALENT = [
     ("\\frac{1}{2}", "0.5"),
@@ -86,23 +94,20 @@ def test_parseable() -> None:
     assert not parseable("\\sin^2 t")
 
 
-@pytest.mark.skipif(not (DATA_DIR / "math500.jsonl").exists(), reason="shared MATH-500 data not present")
 def test_math500_reference_solutions_grade_correct() -> None:
     rows = read_jsonl(DATA_DIR / "math500.jsonl")
-    assert len(rows) == 500
+    assert len(rows) == 50
     assert all(parseable(row["answer"]) for row in rows)
-    agreement = sum(grade(row["solution"], row["answer"]) for row in rows) / len(rows)
-    # Measured 1.0 (500/500) with math-verify 0.9.0.
-    assert agreement >= 0.99
+    # Every reference solution's last box grades as its label (500/500 on the whole set, math-verify
+    # 0.9.0); a solution paired with another row's label does not.
+    assert all(grade(row["solution"], row["answer"]) for row in rows)
+    shifted = sum(grade(row["solution"], other["answer"]) for row, other in zip(rows, rows[1:], strict=False))
+    assert shifted <= 1
 
 
 # ----------------------------------------------------------------- real benchmark answer forms
-# Gold answers are read from the shared benchmark files by id; only the predictions are written here.
+# Gold answers are read from the benchmark samples by id; only the predictions are written here.
 # Each expectation is what math-verify 0.9.0 actually does (checked), including its limits.
-needs_data = pytest.mark.skipif(
-    not all((DATA_DIR / f"{n}.jsonl").exists() for n in ("math500", "aime24", "aime25", "amc23")),
-    reason="shared benchmark data not present",
-)
 MATH500_EQUIVALENT = [
     ("test/algebra/2584.json", "\\dfrac{14}{3}"),  # \frac{14}{3}
     ("test/algebra/2584.json", "14/3"),
@@ -165,7 +170,6 @@ def _rows(name: str) -> dict[str, dict]:
     return {row["id"]: row for row in read_jsonl(DATA_DIR / f"{name}.jsonl")}
 
 
-@needs_data
 @pytest.mark.parametrize(("row_id", "pred"), MATH500_EQUIVALENT)
 def test_math500_equivalent_forms_grade_correct(row_id: str, pred: str) -> None:
     gold = _rows("math500")[row_id]["answer"]
@@ -173,7 +177,6 @@ def test_math500_equivalent_forms_grade_correct(row_id: str, pred: str) -> None:
     assert grade(f"<think>\nwork\n</think>\nThe answer is $\\boxed{{{pred}}}$.", gold, "</think>\n")
 
 
-@needs_data
 @pytest.mark.parametrize(("row_id", "pred"), MATH500_WRONG)
 def test_math500_different_answers_grade_wrong(row_id: str, pred: str) -> None:
     gold = _rows("math500")[row_id]["answer"]
@@ -181,14 +184,13 @@ def test_math500_different_answers_grade_wrong(row_id: str, pred: str) -> None:
     assert not grade(f"\\boxed{{{pred}}}", gold)
 
 
-@needs_data
 @pytest.mark.parametrize("name", ["aime24", "aime25", "amc23"])
 def test_competition_answers_and_their_source_forms(name: str) -> None:
     """AIME answers zero-padded in the source ("025") and AMC answers stored as floats (27.0) are the
     same answers as the canonical integers, in both grading directions; neighbours are not."""
     rows = list(_rows(name).values())
     padded = sum(str(r.get("answer_raw", r["answer"])) != r["answer"] for r in rows)
-    assert padded == {"aime24": 7, "aime25": 0, "amc23": 40}[name]
+    assert padded == {"aime24": 5, "aime25": 0, "amc23": 25}[name]
     for row in rows:
         gold, raw = row["answer"], str(row.get("answer_raw", row["answer"]))
         assert grade(f"\\boxed{{{raw}}}", gold) and grade(f"\\boxed{{{gold}}}", raw)

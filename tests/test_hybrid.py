@@ -14,9 +14,9 @@ import pytest
 import torch
 from tiny_models import CharTokens, tiny_nemotron_h, tiny_qwen, tiny_qwen3_next
 
-from rredcot.assign import CreditAssigner, CreditConfig, TraceInput
-from rredcot.exit_scoring import TraceExits, score_traces_naive
-from rredcot.prefix_scoring import supports_single_pass
+from rredcot.method.assign import CreditAssigner, CreditConfig, TraceInput
+from rredcot.method.exit_scoring import TraceExits, score_traces_naive
+from rredcot.method.prefix_scoring import supports_single_pass
 
 VOCAB = 40
 HYBRIDS = {"qwen3-next": tiny_qwen3_next, "nemotron-h": tiny_nemotron_h}
@@ -40,7 +40,7 @@ def test_rredcot_credit_on_a_hybrid_model(name, caplog):
         thinking = "\n".join("".join(rng.choice("abcdef ") for _ in range(6)) for _ in range(n))
         completion = tok(f"{thinking}\nz\nabc x{{7}}")["input_ids"] + [tok.eos_token_id]
         items.append(TraceInput(tok("q 1 2")["input_ids"], completion, -1.0, [("ab cd", "8")]))
-    with caplog.at_level(logging.WARNING, logger="rredcot.assign"):
+    with caplog.at_level(logging.WARNING, logger="rredcot.method.assign"):
         credits = assigner.assign(model, items)
     assert sum("scored naively" in r.getMessage() for r in caplog.records) == 1
     for item, tc in zip(items, credits, strict=True):

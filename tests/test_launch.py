@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import rredcot.launch as L
-from rredcot.config import load_config
+import rredcot.stages.launch as L
+from rredcot.settings.config import load_config
 
 CONFIG = "config/config.yaml"
 
@@ -27,7 +27,7 @@ def test_cpu_processes_use_gloo_ddp():
     cmd = L.stage_command(plan, _cfg(), ["--config", "c"])
     assert not plan.in_process and plan.processes == 2
     assert cmd[cmd.index("--num_processes") + 1] == "2" and "--multi_gpu" in cmd
-    assert cmd[-4:] == ["-m", "rredcot.train", "--config", "c"]
+    assert cmd[-4:] == ["-m", "rredcot.stages.train", "--config", "c"]
 
 
 def test_one_process_per_visible_gpu_with_the_named_accelerate_config():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from rredcot.tracking import main
+from rredcot.stages.tracking import main
 
 JOBS, RUNS_PER_JOB, STEPS = 4, 3, 10
 # One job process: several runs, each with params, a metric history and an artifact. It knows the
@@ -26,7 +26,7 @@ JOBS, RUNS_PER_JOB, STEPS = 4, 3, 10
 WORKER = """
 import os, sys, time, urllib.request
 from pathlib import Path
-from rredcot.tracking import job_run
+from rredcot.infra.tracking import job_run
 
 scratch, job = Path(sys.argv[1]), int(sys.argv[2])
 deadline = time.monotonic() + 60

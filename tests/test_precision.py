@@ -12,11 +12,11 @@ import copy
 import torch
 from trl import GRPOConfig
 
-from rredcot.config import load_config
-from rredcot.modeling import build_scratch_model, train_tokenizer
-from rredcot.synthetic import TaskConfig, generate_splits
-from rredcot.train import build_trainer, grpo_args
-from rredcot.trainer import CreditConfig, RREDCoTTrainer
+from rredcot.adapter.experiment import build_trainer, grpo_args
+from rredcot.adapter.trainer import CreditConfig, RREDCoTTrainer
+from rredcot.data.synthetic import TaskConfig, generate_splits
+from rredcot.lm.modeling import build_scratch_model, train_tokenizer
+from rredcot.settings.config import load_config
 
 OVERRIDES = {
     "model": {"dtype": "bfloat16"},

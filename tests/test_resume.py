@@ -28,10 +28,11 @@ from jobs import CONFIGS, ROOT, check_resumed, job_env, kill_when_saved, make_ba
 from mlflow import MlflowClient
 from transformers import TrainerCallback
 
-from rredcot.config import load_config
-from rredcot.data import rl_records
-from rredcot.jsonl import write_json, write_jsonl
-from rredcot.resume import (
+from rredcot.adapter.experiment import grpo_args
+from rredcot.adapter.trainer import RREDCoTTrainer
+from rredcot.data.records import rl_records
+from rredcot.infra.io import write_json, write_jsonl
+from rredcot.infra.resume import (
     LOGGED_TAG,
     Resume,
     RunLogger,
@@ -40,9 +41,8 @@ from rredcot.resume import (
     prepare,
     record,
 )
-from rredcot.tracking import INVOCATION_ENV, JobRun, job_run, tracking_uri
-from rredcot.train import grpo_args
-from rredcot.trainer import RREDCoTTrainer
+from rredcot.infra.tracking import INVOCATION_ENV, JobRun, job_run, tracking_uri
+from rredcot.settings.config import load_config
 
 MAX_STEPS = 12
 SAVE_EVERY = 2
@@ -106,7 +106,7 @@ def test_prepare_keeps_only_checkpoints_of_the_same_job(tmp_path: Path) -> None:
 # A job that logs one step and dies without any cleanup, as under SIGKILL: its run stays RUNNING.
 KILLED_JOB = """
 import os, sys
-from rredcot.tracking import job_run
+from rredcot.infra.tracking import job_run
 
 run = job_run("job", results_dir=sys.argv[1], experiment="exp", rule="train", params={"rl": {"lr": 1}})
 first = run.__enter__()
@@ -217,7 +217,7 @@ def test_killed_train_job_resumes_from_its_last_checkpoint(base: Path, tmp_path:
     cfg = _write_config(tmp_path / "cfg.yaml", results)
     ckpts = results / "checkpoints" / "train" / "grpo" / "seed0"
     cmd = [
-        *(sys.executable, "-m", "rredcot.train", "--config", *CONFIGS, str(cfg), "--arm", "grpo"),
+        *(sys.executable, "-m", "rredcot.stages.train", "--config", *CONFIGS, str(cfg), "--arm", "grpo"),
         *("--seed", "0", "--model", str(base / "model"), "--data", str(base / "rl.jsonl")),
         *("--eval-data", str(base / "test.jsonl"), "--out", str(out)),
     ]
@@ -248,7 +248,7 @@ def test_killed_sft_job_resumes_to_the_same_model(base: Path, tmp_path: Path) ->
         cfg.write_text(yaml.safe_dump({"results_dir": str(results), "sft": {"epochs": 3, "save_every": 2}}))
         out = results / "models" / "sft"
         return results, [
-            *(sys.executable, "-m", "rredcot.sft", "--config", *CONFIGS, str(cfg)),
+            *(sys.executable, "-m", "rredcot.stages.sft", "--config", *CONFIGS, str(cfg)),
             *("--data", str(base / "sft.jsonl"), "--out", str(out)),
         ]
 
@@ -263,7 +263,7 @@ def test_killed_sft_job_resumes_to_the_same_model(base: Path, tmp_path: Path) ->
     assert not (results / "models" / "sft").exists()
     again = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "[sft] resuming from checkpoint-" in again.stdout
+    assert "[sft] resuming from checkpoint-" in again.stdout + again.stderr
 
     # The same tokenizer and, bit for bit, the same weights as without the kill.
     for name in ("tokenizer.json", "model.safetensors"):
@@ -292,7 +292,7 @@ def _dense_reward(completions: list[str], **_: object) -> list[float]:
 def test_resumed_training_equals_uninterrupted_training(base: Path, tmp_path: Path) -> None:
     """Weights, optimizer, RNG and data position come back: resumed GRPO is bit for bit the same."""
     cfg = load_config(CONFIGS, {"rl": {"max_steps": 4, "save_every": 2, "max_completion_length": 24}})
-    from rredcot.modeling import load_model, load_tokenizer
+    from rredcot.lm.modeling import load_model, load_tokenizer
 
     tok, start = load_tokenizer(base / "model"), load_model(base / "model")
     dataset = Dataset.from_list(rl_records([json.loads(x) for x in open(base / "rl.jsonl")], "{problem}"))

@@ -1,4 +1,4 @@
-"""Tests of trace segmentation (rredcot.segmentation)."""
+"""Tests of trace segmentation (rredcot.method.segmentation)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rredcot.segmentation import (
+from rredcot.method.segmentation import (
     DEFAULT_KEYWORDS,
     SegmentationConfig,
     enforce_min_length,
@@ -463,7 +463,7 @@ def test_config_validation_names_the_field(field: str, value: object) -> None:
 
 
 def test_thinking_end_finds_the_token_that_starts_the_exit():
-    from rredcot.segmentation import thinking_end
+    from rredcot.method.segmentation import thinking_end
 
     texts = ["So", " 2", ".\n</", "think", ">", "\n", "2"]
     assert thinking_end(texts, "</think>\n") == 2  # the token holding "<" of "</think>"
@@ -475,7 +475,7 @@ def test_thinking_end_finds_the_token_that_starts_the_exit():
 
 
 def test_find_text_first_last_and_from_a_start_token():
-    from rredcot.segmentation import find_text
+    from rredcot.method.segmentation import find_text
 
     texts = ["a", " \\", "boxed", "{1", "}", " \\", "boxed", "{2}"]
     assert find_text(texts, "\\boxed{") == 1

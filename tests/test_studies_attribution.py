@@ -12,8 +12,8 @@ from scipy import stats
 from tiny_models import tiny_qwen
 from transformers import Qwen2ForCausalLM
 
-from rredcot.exit_scoring import ExitStrings
-from rredcot.modeling import train_tokenizer
+from rredcot.lm.modeling import train_tokenizer
+from rredcot.method.exit_scoring import ExitStrings
 from rredcot.studies.attribution import (
     AttrInput,
     attribute,

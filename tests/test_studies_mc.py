@@ -10,13 +10,13 @@ import pytest
 import torch
 import yaml
 
-from rredcot.jsonl import read_jsonl, write_jsonl
-from rredcot.modeling import build_scratch_model, train_tokenizer
+from rredcot.data.synthetic import TaskConfig, generate_splits
+from rredcot.infra.io import read_jsonl, write_jsonl
+from rredcot.lm.generation import Completion, GumbelSampling, HFGenerator, sample_seed
+from rredcot.lm.modeling import build_scratch_model, train_tokenizer
 from rredcot.studies import figures_mc, mc, traces
 from rredcot.studies.figures_mc import bootstrap_sd, lost_at, truncation_table, variance_table
 from rredcot.studies.mc import answer_token, rollout_record
-from rredcot.studies.sampling import HFPrefixSampler, Rollout, _GumbelSampling, sample_seed
-from rredcot.synthetic import TaskConfig, generate_splits
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "config.yaml"
@@ -42,7 +42,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tok.save_pretrained(root / "model")
     write_jsonl(root / "test.jsonl", splits["test"])
     override = root / "override.yaml"
-    override.write_text(yaml.safe_dump({"results_dir": str(root / "results"), "credit": {"n_segments": 3}}))
+    override.write_text(
+        yaml.safe_dump({"results_dir": str(root / "results"), "credit": {"segmentation": {"n_segments": 3}}})
+    )
     return {"root": root, "tok": tok, "model": model, "config": [str(CONFIG), str(override)]}
 
 
@@ -68,15 +70,13 @@ def test_sampler_rows_do_not_depend_on_their_batch(setup: dict) -> None:
     prefix = tok("Problem: Start at 3, add 4. Work mod 10.\n<think>\n")["input_ids"]
     seeds = [sample_seed(0, "t", j) for j in range(4)]
     kw = {"temperature": 1.0, "top_p": 0.95, "max_new_tokens": 12}
-    alone = HFPrefixSampler(model, tok, batch_size=4, progress=False).sample([prefix] * 4, seeds, **kw)
-    mixed = HFPrefixSampler(model, tok, batch_size=3, progress=False).sample(
+    alone = HFGenerator(model, tok, batch_size=4, progress=False).sample([prefix] * 4, seeds, **kw)
+    mixed = HFGenerator(model, tok, batch_size=3, progress=False).sample(
         [prefix[:5], *[prefix] * 4], [7, *seeds], **kw
     )[1:]
     assert [r.token_ids for r in alone] == [r.token_ids for r in mixed]
     assert len({tuple(r.token_ids) for r in alone}) > 1  # different seeds, different samples
-    greedy = HFPrefixSampler(model, tok, progress=False).sample(
-        [prefix] * 2, [1, 2], **{**kw, "temperature": 0}
-    )
+    greedy = HFGenerator(model, tok, progress=False).sample([prefix] * 2, [1, 2], **{**kw, "temperature": 0})
     assert greedy[0].token_ids == greedy[1].token_ids
 
 
@@ -84,12 +84,12 @@ def test_gumbel_trick_samples_the_tempered_top_p_distribution() -> None:
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0, -3.0])
     n, temperature = 4000, 0.8
     probs = (logits / temperature).softmax(-1)
-    sampler = _GumbelSampling(range(n), temperature, 1.0, torch.device("cpu"))
+    sampler = GumbelSampling(range(n), temperature, 1.0, torch.device("cpu"))
     picks = sampler(None, logits.expand(n, -1).clone()).argmax(-1)
     freq = torch.bincount(picks, minlength=5) / n
     assert torch.allclose(freq, probs, atol=0.03)
     # top-p keeps the smallest head reaching p: here the first two tokens (0.68 + 0.20 >= 0.85).
-    picks = _GumbelSampling(range(n), temperature, 0.85, torch.device("cpu"))(
+    picks = GumbelSampling(range(n), temperature, 0.85, torch.device("cpu"))(
         None, logits.expand(n, -1).clone()
     )
     freq = torch.bincount(picks.argmax(-1), minlength=5) / n
@@ -111,7 +111,7 @@ def test_answer_token_marks_where_the_final_answer_is_complete() -> None:
     assert answer_token("\\boxed{7}", ids[:7], _decode, "</think>\n") is None
     # Without an exit the whole text counts, so an answer in the prefix is complete at once.
     assert answer_token("\\boxed{7}", ids[:3], _decode, "</think>\n") == 0
-    rec = rollout_record("", Rollout(ids, _decode(ids), False), "12", _decode, "</think>\n")
+    rec = rollout_record("", Completion(ids, _decode(ids), False), "12", _decode, "</think>\n")
     assert rec == {"n_tokens": 12, "truncated": False, "answer": "12", "correct": True, "answer_token": 11}
 
 

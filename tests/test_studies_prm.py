@@ -12,7 +12,7 @@ import torch
 from tiny_models import qwen_config
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
-from rredcot.modeling import train_tokenizer
+from rredcot.lm.modeling import train_tokenizer
 from rredcot.studies.figures_attr import prm_nll_figure, prm_rredcot_figure
 from rredcot.studies.prm import (
     QWEN_SEPARATOR,

@@ -6,14 +6,12 @@ import dataclasses
 import json
 import random
 import re
-import time
 from collections import Counter
 
 import pytest
 
-from rredcot.grading import extract_boxed
-from rredcot.jsonl import read_jsonl
-from rredcot.synthetic import (
+from rredcot.data.grading import extract_boxed
+from rredcot.data.synthetic import (
     MIDDLE_KEYWORDS,
     NOISE_KINDS,
     SPLITS,
@@ -26,6 +24,7 @@ from rredcot.synthetic import (
     solve,
     teacher_trace,
 )
+from rredcot.infra.io import read_jsonl
 
 EXAMPLE_STEPS = [("+", 5), ("*", 3), ("-", 4)]
 
@@ -153,12 +152,6 @@ def test_teacher_completions(cfg: TaskConfig, splits: dict) -> None:
     assert any("\nWait, " in row["completion"] for row in rows)
     accuracy = sum(row["completion_correct"] for row in rows) / len(rows)
     assert 0.5 < accuracy < 0.85
-
-
-def test_generation_is_fast(cfg: TaskConfig) -> None:
-    start = time.perf_counter()
-    generate_splits(cfg)
-    assert time.perf_counter() - start < 2.0
 
 
 def test_too_many_problems_for_the_space_is_an_error() -> None:

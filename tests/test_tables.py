@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from rredcot.config import load_config
-from rredcot.tables import cost_table
+from rredcot.settings.config import load_config
+from rredcot.stages.tables import cost_table
 
 
 def _metrics(path, steps: list[tuple[float, float | None]]) -> None:

@@ -11,14 +11,14 @@ import torch
 from datasets import Dataset
 from trl import GRPOTrainer
 
-from rredcot.assign import CreditAssigner, TraceInput
-from rredcot.config import load_config
-from rredcot.data import correctness_reward, rl_records
-from rredcot.modeling import build_scratch_model, train_tokenizer
-from rredcot.segmentation import find_text, thinking_end
-from rredcot.synthetic import TaskConfig, generate_splits
-from rredcot.train import credit_config, grpo_args
-from rredcot.trainer import CreditConfig, RREDCoTTrainer
+from rredcot.adapter.experiment import grpo_args
+from rredcot.adapter.trainer import CreditConfig, RREDCoTTrainer
+from rredcot.data.records import correctness_reward, rl_records
+from rredcot.data.synthetic import TaskConfig, generate_splits
+from rredcot.lm.modeling import build_scratch_model, train_tokenizer
+from rredcot.method.assign import CreditAssigner, TraceInput
+from rredcot.method.segmentation import find_text, thinking_end
+from rredcot.settings.config import credit_config, load_config
 
 CONFIG = "config/config.yaml"
 
@@ -29,10 +29,10 @@ def setup(tmp_path_factory):
         CONFIG,
         {
             "rl": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 40, "max_steps": 1},
-            "credit": {"n_segments": 4},
+            "credit": {"segmentation": {"n_segments": 4}},
         },
     )
-    splits = generate_splits(TaskConfig(n_sft=300, n_rl=40, n_test=10, seed=3))
+    splits = generate_splits(TaskConfig(n_sft=300, n_rl=40, n_test=10, seed=3, teacher_error_rate=0.2))
     template = cfg["prompt"]["template"]
     corpus = [template.replace("{problem}", r["problem"]) + r["completion"] for r in splits["sft"]]
     tok = train_tokenizer(corpus, 300)
@@ -275,7 +275,7 @@ def test_exit_points_stop_at_the_models_own_exit(setup, scorer):
 
 def test_answer_reward_is_own_minus_reference_answer_log_prob(setup):
     """r̂ of the answer segment, recomputed from naive teacher forcing of the two sequences."""
-    from rredcot.exit_scoring import score_exit_points
+    from rredcot.method.exit_scoring import score_exit_points
 
     cfg, tok, model, _, _ = setup
     assigner, ids, out = _assign(setup, WRONG_TRACE, scorer="single_pass", answer_baseline="reference")

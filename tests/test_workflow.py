@@ -1,27 +1,50 @@
-"""The workflow end to end on the smoke config: every stage runs, outputs and MLflow runs exist."""
+"""The workflow end to end on the smoke config: every stage runs, outputs and MLflow runs exist, a
+second run has nothing to do, and a changed setting reruns exactly the jobs that read it.
+
+The workflow runs once per module (the ``smoke`` fixture); each test checks one thing of it.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
+import yaml
 from mlflow import MlflowClient
+
+from rredcot.settings.reads import READS
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+ARMS = ["bnpo", "dapo", "dr_grpo", "entropy", "grpo", "rredcot", "rredcot_entropy"]
 
 
-def _run(args: list[str], results: Path, **kw) -> subprocess.CompletedProcess:
+def _run(args: list[str], results: Path, overlay: Path | None = None, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("RREDCOT_INVOCATION", None)
-    cmd = [*SNAKEMAKE, "--configfile", "config/smoke.yaml", "--config", f"results_dir={results}", *args]
+    configs = ["config/smoke.yaml", *([str(overlay)] if overlay else [])]
+    cmd = [*SNAKEMAKE, "--configfile", *configs, "--config", f"results_dir={results}", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, **kw)
+
+
+def _scheduled(proc: subprocess.CompletedProcess) -> dict[str, int]:
+    """Rule -> job count from the job stats table of a dry run (exact rule names)."""
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout + proc.stderr
+    if "Nothing to be done" in text:
+        return {}
+    lines = text[text.index("Job stats:") :].splitlines()[3:]  # after the title, header and rule
+    table = lines[: next((i for i, line in enumerate(lines) if not line.strip()), len(lines))]
+    rows = [line.split() for line in table]
+    assert rows and all(len(row) == 2 and row[1].isdigit() for row in rows), table
+    return {rule: int(count) for rule, count in rows if rule != "total"}
 
 
 def test_bad_config_fails_before_any_job(tmp_path):
@@ -31,26 +54,45 @@ def test_bad_config_fails_before_any_job(tmp_path):
 
 
 def test_dry_run_lists_every_stage(tmp_path):
-    proc = _run(["-n", "--quiet", "rules"], tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    for rule in ("data", "clean", "sft", "train", "evaluate", "report", "tables", "study_mc", "study_prm"):
-        assert rule in proc.stdout
+    jobs = _scheduled(_run(["-n"], tmp_path))
+    expected = {"data": 1, "clean": 1, "sft": 1, "train": 14, "evaluate": 16, "report": 1, "tables": 1}
+    assert {rule: jobs.get(rule) for rule in expected} == expected
+    studies = {r for r in READS if r.startswith("study_")}
+    assert studies <= set(jobs)
+    assert jobs["study_traces"] == jobs["study_mc"] == 2 and jobs["all"] == 1
+
+
+# ------------------------------------------------------------------------------------- one run
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Path:
+    results = tmp_path_factory.mktemp("smoke") / "results"
+    proc = _run(["--cores", "2", "all"], results, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return results
+
+
+@pytest.fixture(scope="module")
+def train_runs(smoke: Path) -> list:
+    client = MlflowClient(tracking_uri=f"sqlite:///{smoke}/mlflow.db")
+    exp = client.get_experiment_by_name("rredcot-smoke")
+    runs = client.search_runs([exp.experiment_id], max_results=500)
+    return [r for r in runs if r.data.tags.get("rredcot.rule") == "train"]
 
 
 @pytest.mark.slow
-def test_smoke_workflow(tmp_path):
-    results = tmp_path / "results"
-    proc = _run(["--cores", "2", "all"], results, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-
-    table = pl.read_csv(results / "table1.csv")
+def test_table1_has_every_arm(smoke: Path) -> None:
+    table = pl.read_csv(smoke / "table1.csv")
     labels = ["grpo", "rredcot", "entropy", "rredcot+entropy", "bnpo", "dr.grpo", "dapo"]
     assert {"benchmark", "metric", "base_sft_mean", *(f"{a}_mean" for a in labels)} <= set(table.columns)
     assert set(table["grpo_seeds"].to_list()) == {2}
     assert "all" in table["benchmark"].to_list()
-    assert (results / "figures" / "learning_curve.png").stat().st_size > 5000
-    assert (results / "figures" / "learning_curve.pdf").exists()
-    # Every table and the analyses' figures (PNG and PDF), from the one `all` target.
+
+
+@pytest.mark.slow
+def test_figures_exist(smoke: Path) -> None:
+    figures = smoke / "figures"
+    assert (figures / "learning_curve.png").stat().st_size > 5000
+    assert (figures / "learning_curve.pdf").exists()
     for name in (
         "fig3_truncation",
         "fig4_attribution_correlation",
@@ -59,74 +101,221 @@ def test_smoke_workflow(tmp_path):
         "fig7_mc_variance",
     ):
         for ext in ("png", "pdf"):
-            assert (results / "figures" / f"{name}.{ext}").stat().st_size > 1000, name
-    localisation = json.loads((results / "studies" / "analysis" / "localisation.json").read_text())
+            assert (figures / f"{name}.{ext}").stat().st_size > 1000, name
+
+
+@pytest.mark.slow
+def test_localisation_summary(smoke: Path) -> None:
+    localisation = json.loads((smoke / "studies" / "analysis" / "localisation.json").read_text())
     # The smoke model writes noise (no exit, no equations), so few or no traces have a culprit.
     assert localisation["all"]["traces"] == len(localisation["traces"])
     assert set(localisation) == {"all", "thinking", "answer", "traces"}
-    table2 = pl.read_csv(results / "table2.csv")
+
+
+@pytest.mark.slow
+def test_table2_and_cost(smoke: Path) -> None:
+    table2 = pl.read_csv(smoke / "table2.csv")
     assert {"benchmark", "base_mean", "grpo_mean", "rredcot_mean", "paper_open_rs"} <= set(table2.columns)
-    cost = pl.read_csv(results / "cost.csv")
+    cost = pl.read_csv(smoke / "cost.csv")
     assert {"GRPO", "RREDCoT"} <= set(cost["item"].to_list()) and "study" in cost["kind"].to_list()
     items = cost["item"].to_list()
     within = dict(zip(items, cost["step_ratio_within_run"].to_list(), strict=True))
     credit_s = dict(zip(items, cost["credit_s_per_step"].to_list(), strict=True))
-    # Uniform credit costs nothing. The smoke policy's groups mostly tie (no advantage, no credit to
-    # compute), so RREDCoT's rounded credit time may read 0 here; test_tables checks the ratios.
+    # Uniform credit costs nothing and is the reference of the within-run ratio (RREDCoT's own cost
+    # is not measurable here: its groups tie, so no trace needs credit; test_tables checks the ratios).
     assert within["GRPO"] == 1.0 and credit_s["GRPO"] == 0.0
-    assert within["RREDCoT"] >= 1.0 and credit_s["RREDCoT"] >= 0.0
+    assert {"RREDCoT", "Entropy", "RREDCoT+Entropy", "BNPO", "Dr.GRPO", "DAPO"} <= set(within)
 
-    report = json.loads((results / "clean" / "report.json").read_text())
+
+@pytest.mark.slow
+def test_clean_report(smoke: Path) -> None:
+    report = json.loads((smoke / "clean" / "report.json").read_text())
     assert report["flagged_fraction"] == pytest.approx(0.15)
-    assert report["noise"]["precision"] == pytest.approx(1.0) and report["noise"]["recall"] == pytest.approx(
-        1.0
-    )
-    flags = (results / "clean" / "rl.flags.jsonl").read_text().splitlines()
+    assert report["noise"]["precision"] == pytest.approx(1.0)
+    assert report["noise"]["recall"] == pytest.approx(1.0)
+    flags = (smoke / "clean" / "rl.flags.jsonl").read_text().splitlines()
     assert len(flags) == 200  # one flags row per RL row
 
-    for log in ("data", "clean", "sft", "report"):
-        assert (results / "logs" / f"{log}.log").exists()
-    assert (results / "benchmarks" / "sft.tsv").exists()
 
-    # One MLflow run per job (1 data + 1 clean + 1 sft + 7x2 train + 8x2 eval + 1 report + 1 tables
-    # + 2 trace sets, 2 MC runs, MC figures, attribution, PRM training and scoring, attribution figures,
-    # blame localisation).
-    client = MlflowClient(tracking_uri=f"sqlite:///{results}/mlflow.db")
+@pytest.mark.slow
+def test_logs_and_benchmarks(smoke: Path) -> None:
+    for log in ("data", "clean", "sft", "report", "tables", "train/rredcot/seed0", "eval/base/seed0"):
+        assert (smoke / "logs" / f"{log}.log").stat().st_size > 0, log
+    assert (smoke / "benchmarks" / "sft.tsv").exists()
+    assert (smoke / "benchmarks" / "train" / "grpo" / "seed1.tsv").exists()
+
+
+@pytest.mark.slow
+def test_one_mlflow_run_per_job(smoke: Path) -> None:
+    # 1 data + 1 clean + 1 sft + 7x2 train + 8x2 eval + 1 report + 1 tables + 2 trace sets, 2 MC runs,
+    # MC figures, attribution, PRM training and scoring, attribution figures, blame localisation.
+    client = MlflowClient(tracking_uri=f"sqlite:///{smoke}/mlflow.db")
     exp = client.get_experiment_by_name("rredcot-smoke")
     runs = client.search_runs([exp.experiment_id], max_results=500)
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     parents = {r.data.tags["mlflow.parentRunId"] for r in children}
     assert len(children) == 45 and len(parents) == 1
     assert all(r.info.status == "FINISHED" for r in children)
-    train = [r for r in children if r.data.tags.get("rredcot.rule") == "train"]
-    arms = ["bnpo", "dapo", "dr_grpo", "entropy", "grpo", "rredcot", "rredcot_entropy"]
-    assert sorted((r.data.tags["rredcot.arm"], r.data.tags["rredcot.seed"]) for r in train) == [
-        (arm, seed) for arm in arms for seed in ("0", "1")
+
+
+@pytest.mark.slow
+def test_train_runs_are_tagged_and_logged(smoke: Path, train_runs: list) -> None:
+    assert sorted((r.data.tags["rredcot.arm"], r.data.tags["rredcot.seed"]) for r in train_runs) == [
+        (arm, seed) for arm in ARMS for seed in ("0", "1")
     ]
-    # Which arm is which: credit method and loss type are tags of every train run.
     kinds = {
         r.data.tags["rredcot.arm"]: (r.data.tags["rredcot.credit_method"], r.data.tags["rredcot.loss_type"])
-        for r in train
+        for r in train_runs
     }
-    assert kinds["rredcot_entropy"] == ("rredcot+entropy", "grpo") and kinds["dr_grpo"] == (
-        "uniform",
-        "dr_grpo",
-    )
-    for run in train:
+    assert kinds["rredcot_entropy"] == ("rredcot+entropy", "grpo")
+    assert kinds["dr_grpo"] == ("uniform", "dr_grpo")
+    client = MlflowClient(tracking_uri=f"sqlite:///{smoke}/mlflow.db")
+    for run in train_runs:
         history = client.get_metric_history(run.info.run_id, "heldout_sampled_accuracy")
         assert [m.step for m in history] == [0, 1, 2]
         assert client.list_artifacts(run.info.run_id)
-    rred = next(r for r in train if r.data.tags["rredcot.arm"] == "rredcot")
-    assert "credit/traces" in rred.data.metrics  # logged every step, also when no trace needs credit
-    assert "perf/step_seconds" in rred.data.metrics
-    # Credit pictures of the first step, on disk and in MLflow (when a trace needed credit).
-    views = sorted((results / "train").glob("rredcot*/seed*/credit/step00000/trace_0.png"))
-    if views:
-        assert (views[0].parent / "traces.jsonl").exists() and (views[0].parent / "trace_0.html").exists()
-        owner = views[0].parents[3].name, views[0].parents[2].name.removeprefix("seed")
-        run = next(r for r in train if (r.data.tags["rredcot.arm"], r.data.tags["rredcot.seed"]) == owner)
-        assert [a.path for a in client.list_artifacts(run.info.run_id, "credit")] == ["credit/step00000"]
+        assert "perf/step_seconds" in run.data.metrics
 
-    # A second invocation has nothing to do: outputs are complete and up to date.
-    again = _run(["--cores", "2", "all", "-n"], results)
-    assert "Nothing to be done" in again.stdout + again.stderr
+
+@pytest.mark.slow
+def test_credit_metrics_are_logged_every_step(smoke: Path, train_runs: list) -> None:
+    """Every RREDCoT step logs how many traces got credit and how long it took, also when none
+    did: the smoke policy never earns a reward, so its groups tie and nothing needs credit (credit
+    itself, and its pictures, are checked on a policy that learns: test_trainer.py)."""
+    client = MlflowClient(tracking_uri=f"sqlite:///{smoke}/mlflow.db")
+    for run in (r for r in train_runs if r.data.tags["rredcot.arm"] == "rredcot"):
+        for metric in ("credit/traces", "credit/seconds"):
+            assert [m.step for m in client.get_metric_history(run.info.run_id, metric)] == [1, 2], metric
+
+
+@pytest.mark.slow
+def test_a_second_run_has_nothing_to_do(smoke: Path) -> None:
+    assert _scheduled(_run(["--cores", "2", "all", "-n"], smoke)) == {}
+
+
+# ------------------------------------------------------------------------- reruns follow reads
+# One changed value for each setting a stage computes with (rredcot.settings.reads.READS); a key
+# that names a whole section is represented by one setting in it.
+CHANGES = {
+    "data.synthetic.seed": 7,
+    "clean.min_solution_steps": 3,
+    "model.hidden_size": 48,
+    "model.dtype": "bfloat16",
+    "sft.learning_rate": 0.002,
+    "prompt.template": "Q: {problem}\n<think>\n",
+    "prompt.exit_string": "\n</reasoning>\n",
+    "distributed.cpu_processes": 2,
+    "arms.rredcot.credit_options": {"mix": 0.7},
+    "rl.learning_rate": 0.0002,
+    "credit.mix": 0.7,
+    "credit.budget.max_batch_tokens": 4096,
+    "eval.top_p": 0.9,
+    "eval.n_samples": 3,
+    "eval.temperature": 0.9,
+    "rl.eval_problems": 6,
+    "run_arms": ["grpo", "rredcot"],
+    "report.table2_metric": "pass@2",
+    "studies.n_traces": 6,
+    "studies.prm.n_traces": 6,
+    "studies.max_new_tokens": 40,
+    "studies.seed": 3,
+    "studies.temperature": 0.9,
+    "studies.top_p": 0.9,
+    "studies.backend": "hf",
+    "studies.mc_samples": 3,
+    "studies.mc_max_new_tokens": 40,
+    "studies.bootstrap": 60,
+    "studies.prm.epochs": 2,
+    "studies.prm.learning_rate": 0.0001,
+    "studies.prm.kind": "local",
+    "studies.prm.name_or_path": "other/prm",
+}
+# Settings a stage reads that cannot change what it writes: changing them reruns nothing.
+RUNS_ONLY = {
+    "threads.train": 2,
+    "threads.eval": 2,
+    "rl.save_every": 2,
+    "rl.resume": False,
+    "sft.save_every": 20,
+    "experiment": "rredcot-smoke-renamed",
+    "distributed.main_process_port": 29600,
+}
+# Values equal to the smoke config's: the setting is read, but this value changes nothing.
+SAME = {"studies.backend", "studies.prm.kind"}
+
+
+def _covers(declared: str, key: str) -> bool:
+    return key == declared or key.startswith(declared + ".") or declared.startswith(key + ".")
+
+
+def _readers(key: str) -> set[str]:
+    """Rules whose stage computes with ``key``."""
+    out = set()
+    for stage, reads in READS.items():
+        keys = [*reads.computes, *(k for ks in reads.variants.values() for k in ks)]
+        keys = [k.replace("{arm}", "rredcot") for k in keys]
+        if any(_covers(k, key) for k in keys) and not any(_covers(k, key) and k != key for k in reads.runs):
+            out.add(stage)
+    return out
+
+
+def _overlay(directory: Path, key: str, value) -> Path:
+    """A config file that sets ``key`` (dotted) to ``value``; `--config` would pass nested values as
+    strings."""
+    tree = value
+    for part in reversed(key.split(".")):
+        tree = {part: tree}
+    path = directory / f"change-{key}.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+@pytest.fixture(scope="module")
+def downstream(smoke: Path) -> dict[str, set[str]]:
+    """Rule -> every rule that consumes its outputs, directly or not (from the rule graph)."""
+    proc = _run(["--rulegraph", "dot"], smoke)  # of the default target, all
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names = dict(re.findall(r'^\s*(\d+)\[label = "([^"]+)"', proc.stdout, re.M))
+    edges = [(names[a], names[b]) for a, b in re.findall(r"^\s*(\d+) -> (\d+)", proc.stdout, re.M)]
+    closure: dict[str, set[str]] = {name: set() for name in names.values()}
+    changed = True
+    while changed:
+        changed = False
+        for a, b in edges:
+            new = {b} | closure[b]
+            if not new <= closure[a]:
+                closure[a] |= new
+                changed = True
+    return closure
+
+
+def test_every_declared_setting_has_a_change() -> None:
+    # Not on the smoke DAG: the settings of real-data fetching, and data.kind, which picks the DAG
+    # (test_reads.py checks them on the settings side).
+    declared = {
+        k.replace("{arm}", "rredcot")
+        for stage, reads in READS.items()
+        if stage != "fetch"
+        for k in (*reads.computes, *(k for ks in reads.variants.values() for k in ks))
+    } - {"data.kind"}
+    missing = sorted(k for k in declared if not any(_covers(k, key) for key in CHANGES))
+    assert not missing, f"add a value to CHANGES for {missing}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", sorted(set(CHANGES) - SAME))
+def test_changing_a_setting_reruns_its_readers_and_nothing_else(
+    smoke: Path, downstream: dict[str, set[str]], key: str
+) -> None:
+    jobs = _scheduled(_run(["-n"], smoke, _overlay(smoke.parent, key, CHANGES[key])))
+    readers = _readers(key) & set(downstream)
+    assert readers, key
+    affected = readers | {d for r in readers for d in downstream[r]}
+    assert readers <= set(jobs), f"{key}: {sorted(readers - set(jobs))} not rerun"
+    assert set(jobs) <= affected | {"all"}, f"{key}: {sorted(set(jobs) - affected)} rerun without reading it"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", sorted(RUNS_ONLY))
+def test_changing_a_run_setting_reruns_nothing(smoke: Path, key: str) -> None:
+    assert _scheduled(_run(["-n"], smoke, _overlay(smoke.parent, key, RUNS_ONLY[key]))) == {}

@@ -5,7 +5,8 @@ import uuid
 
 import yaml
 
-from rredcot.config import active_arms, validate
+from rredcot.settings.config import active_arms, validate
+from rredcot.settings.reads import READS, stage_settings
 
 # Fails here, before any job runs, naming the bad key.
 config = validate(config)
@@ -46,6 +47,16 @@ wildcard_constraints:
 # (the `gpu` resource, --gpus on SLURM) and nodes; several nodes make it an `srun` job of its own
 # (the executor's mpi route: the command runs once in the allocation and starts a launcher per node).
 DIST = config["distributed"]
+
+
+# Each rule's `settings` param: the settings its stage computes with (rredcot.settings.reads, the same
+# list the stage is held to and its resume fingerprint uses), so a change reruns exactly the jobs
+# that read it.
+def settings(stage):
+    variant = (lambda wc: wc.set) if READS[stage].variants else (lambda wc: None)
+    return lambda wc: stage_settings(
+        config, stage, getattr(wc, "arm", None), variant(wc)
+    )
 
 
 def launch_resources():
@@ -97,16 +108,6 @@ def model_arg(wildcards):
 def fetch_name(stem):
     """Data file stem -> dataset name in the config: rl = train, test = heldout, bench/NAME = NAME."""
     return {"rl": "train", "test": "heldout"}.get(stem, stem.removeprefix("bench/"))
-
-
-def fetch_spec(stem):
-    """What a fetched file is made of (a param, so that changing it refetches)."""
-    data, name = config["data"], fetch_name(stem)
-    spec = {"train": data.get("train"), "heldout": data.get("heldout")}.get(name)
-    return {
-        "spec": spec or data["benchmarks"].get(name),
-        "max_rows": data["max_rows"].get(name),
-    }
 
 
 def eval_data(wildcards):

@@ -14,7 +14,7 @@ if SYNTHETIC:
             "../../envs/rredcot.yaml"
         params:
             cfg=PY_CONFIG,
-            section={k: config["data"][k] for k in ("kind", "synthetic")},
+            settings=settings("data"),
             out_dir=lambda wildcards, output: Path(output.sft).parent,
         shell:
             "rredcot data --config {params.cfg} --out-dir {params.out_dir} > {log} 2>&1"
@@ -33,7 +33,7 @@ else:
         params:
             cfg=PY_CONFIG,
             name=lambda wc: fetch_name(wc.dataset),
-            spec=lambda wc: fetch_spec(wc.dataset),
+            settings=settings("fetch"),
         shell:
             "rredcot fetch --config {params.cfg} --dataset {params.name} --out {output} > {log} 2>&1"
 
@@ -52,7 +52,7 @@ rule clean:
         "../../envs/rredcot.yaml"
     params:
         cfg=PY_CONFIG,
-        section=config["clean"],
+        settings=settings("clean"),
         eval_flag=lambda wc, input: (
             f"--eval-sets {' '.join(input.eval_sets)}" if input.eval_sets else ""
         ),

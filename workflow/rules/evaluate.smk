@@ -16,7 +16,7 @@ rule evaluate:
     threads: config["threads"]["eval"]
     params:
         cfg=PY_CONFIG,
-        section=config["eval"],
+        settings=settings("evaluate"),
         model=model_arg,
     shell:
         "rredcot evaluate --config {params.cfg} --model {params.model} --data {input.data}"

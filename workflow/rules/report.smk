@@ -20,6 +20,7 @@ rule report:
         "../../envs/rredcot.yaml"
     params:
         cfg=PY_CONFIG,
+        settings=settings("report"),
     shell:
         "rredcot report --config {params.cfg} --summaries {input.summaries}"
         " --curves {input.curves} --table {output.table} --figure {output.png} > {log} 2>&1"
@@ -47,7 +48,7 @@ rule tables:
         "../../envs/rredcot.yaml"
     params:
         cfg=PY_CONFIG,
-        report=config["report"],
+        settings=settings("tables"),
         benchmarks=lambda wc, input: Path(input.curves[0]).parents[3] / "benchmarks",
         train=lambda wc, input: Path(input.curves[0]).parents[2],
         bench=lambda wc: (

@@ -18,11 +18,7 @@ rule train:
     params:
         cfg=PY_CONFIG,
         model=START_MODEL,
-        arm=lambda wc: config["arms"][wc.arm],
-        # Checkpoint settings don't change the outputs: changing them must not rerun finished jobs.
-        rl={k: v for k, v in config["rl"].items() if k not in ("save_every", "resume")},
-        credit=config["credit"],
-        distributed=DIST,
+        settings=settings("train"),
         out=lambda wc: f"{R}/train/{wc.arm}/seed{wc.seed}",
         # Not an output: Snakemake deletes a failed job's outputs, and a rerun resumes from these.
         checkpoints=lambda wc: f"{R}/checkpoints/train/{wc.arm}/seed{wc.seed}",

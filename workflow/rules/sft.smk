@@ -14,14 +14,7 @@ rule sft:
         **launch_resources(),
     params:
         cfg=PY_CONFIG,
-        model=config["model"],
-        distributed=DIST,
-        # Checkpoint settings don't change the output: changing them must not rerun a finished job.
-        sft={
-            k: v
-            for k, v in config["sft"].items()
-            if k not in ("save_every", "resume", "enabled")
-        },
+        settings=settings("sft"),
         # Not an output: Snakemake deletes a failed job's outputs, and a rerun resumes from these.
         checkpoints=f"{R}/checkpoints/sft",
     shell:

@@ -25,6 +25,7 @@ rule study_traces:
         n=lambda wc: S["prm"]["n_traces"] if wc.set == "prm" else S["n_traces"],
         seed=lambda wc: S["seed"] + (1 if wc.set == "prm" else 0),
         sampling={k: S[k] for k in ("temperature", "top_p", "max_new_tokens")},
+        settings=settings("study_traces"),
     shell:
         "rredcot study-traces --config {params.cfg} --model {params.model} --data {input.data}"
         " --out {output} --n-traces {params.n} --seed {params.seed}"
@@ -62,6 +63,7 @@ rule study_mc:
                 "backend",
             )
         },
+        settings=settings("study_mc"),
     shell:
         "rredcot study-mc --config {params.cfg} --model {params.model} --traces {input.traces}"
         " --out {output.mc} --stats {output.stats} --samples {params.mc[mc_samples]}"
@@ -98,6 +100,7 @@ rule study_mc_figures:
         cfg=PY_CONFIG,
         bootstrap=S["bootstrap"],
         seed=S["seed"],
+        settings=settings("study_mc_figures"),
         out_dir=lambda wc, output: Path(output.fig3).parent,
     shell:
         "rredcot study-mc-figures --config {params.cfg} --traces {input.traces} --mc {input.mc}"
@@ -122,6 +125,7 @@ rule study_attribution:
     params:
         cfg=PY_CONFIG,
         model=START_MODEL,
+        settings=settings("study_attribution"),
     shell:
         "rredcot study-attribution --config {params.cfg} --model {params.model}"
         " --traces {input.traces} --mc {input.mc} --out {output} > {log} 2>&1"
@@ -144,8 +148,9 @@ rule study_prm_train:
     params:
         cfg=PY_CONFIG,
         model=START_MODEL,
-        prm=S["prm"],
+        prm={k: S["prm"][k] for k in ("epochs", "learning_rate")},
         seed=S["seed"],
+        settings=settings("study_prm_train"),
     shell:
         "rredcot study-prm-train --config {params.cfg} --model {params.model} --traces {input.traces}"
         " --mc {input.mc} --out {output} --epochs {params.prm[epochs]}"
@@ -168,6 +173,7 @@ rule study_prm:
     params:
         cfg=PY_CONFIG,
         kind=S["prm"]["kind"],
+        settings=settings("study_prm"),
         prm=lambda wc, input: input.prm[0] if input.prm else S["prm"]["name_or_path"],
     shell:
         "rredcot study-prm --config {params.cfg} --prm {params.prm} --kind {params.kind}"
@@ -209,6 +215,7 @@ rule study_attr_figures:
         "../../envs/rredcot.yaml"
     params:
         cfg=PY_CONFIG,
+        settings=settings("study_attr_figures"),
         out_dir=lambda wc, output: Path(output.fig4).parent,
     shell:
         "rredcot study-attr-figures --config {params.cfg} --attributions {input.attributions}"
@@ -231,6 +238,7 @@ rule study_localisation:
         "../../envs/rredcot.yaml"
     params:
         cfg=PY_CONFIG,
+        settings=settings("study_localisation"),
     shell:
         "rredcot study-localisation --config {params.cfg} --traces {input.traces}"
         " --out {output.summary} --views {output.views} > {log} 2>&1"

@@ -1,8 +1,9 @@
 """Four credits for every thinking segment of a trace: RREDCoT, leave-one-out, gradient norm and Monte Carlo.
 
 The paper compares RREDCoT's segment rewards with classic attribution methods and with Monte Carlo
-value differences (METHOD.md section 4, Figure 4). For a trace with exit points ``cuts = [c_0 = 0, …,
-c_K = e]`` (``e``: where the model itself exits), thinking segment k is ``completion[c_k:c_{k+1}]``.
+value differences (docs/METHOD-NOTES.md, "The analyses", Figure 4). For a trace with exit points
+``cuts = [c_0 = 0, …, c_K = e]`` (``e``: where the model itself exits), thinking segment k is
+``completion[c_k:c_{k+1}]``.
 The answer segment after ``e`` has no MC value on either side and is left out. With the reference
 pair ``(u_ref, y_ref)`` and the config's exit/answer strings, the full sequence is
 
@@ -16,7 +17,7 @@ pair ``(u_ref, y_ref)`` and the config's exit/answer strings, the full sequence 
   ``loo_k = log p(y_ref | u_ref, F) − log p(y_ref | u_ref, D_k)``: how much the reference answer's
   log-likelihood drops without the segment (positive: the segment helps). ``loo_value`` is the same
   difference for log v̂ = log p(u_ref|s) + log p(y_ref|u_ref,s) (thought and answer NLL together).
-  Both are scored by the teacher-forcing scorer of ``rredcot.exit_scoring``.
+  Both are scored by the teacher-forcing scorer of ``rredcot.method.exit_scoring``.
 - ``grad_norm``: with x_t the input embedding of token t of F, the L2 norm ‖∂ log p(y_ref | u_ref, F)
   / ∂x_t‖ summed over the segment's tokens (the segment's total sensitivity, like LOO which removes
   the whole segment; ``grad_norm_mean`` is the per-token mean). It is a magnitude: never negative.
@@ -28,7 +29,7 @@ Notes:
 - For the last thinking segment D_{K−1} *is* the sequence read at exit K−1, so with N = 1 reference
   pair ``loo_value_{K−1} = r̂_{K−1}`` exactly: late in the trace LOO on log v̂ and RREDCoT agree by
   construction, not as a finding.
-- Why the ``…_value`` variants: METHOD.md names the answer log-likelihood, but when the reference
+- Why the ``…_value`` variants: the method names the answer log-likelihood, but when the reference
   solution already states the answer (the synthetic task: "… 6 + 2 = 8." then ``\\boxed{8}``),
   p(y_ref | u_ref, s) ≈ 1 at every exit and nearly all of RREDCoT's signal sits in the thought NLL.
 
@@ -39,6 +40,7 @@ CLI: ``rredcot study-attribution --config C --model DIR --traces traces.jsonl --
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import time
 from collections import defaultdict
@@ -51,7 +53,10 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from rredcot.exit_scoring import ExitStrings, _chunks, _Job, _make_jobs, _score_jobs, model_device
+from rredcot.infra.logs import setup_logging
+from rredcot.method.exit_scoring import ExitStrings, Job, chunk_jobs, make_jobs, model_device, score_jobs
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,9 +74,9 @@ class AttrInput:
         return max(len(self.cuts) - 1, 0)
 
 
-def _full_job(item: AttrInput, strings: ExitStrings) -> _Job:
+def _full_job(item: AttrInput, strings: ExitStrings) -> Job:
     """The sequence F read at the model's own exit."""
-    return _make_jobs(
+    return make_jobs(
         item.prompt_ids,
         item.completion_ids,
         [item.cuts[-1]],
@@ -82,13 +87,13 @@ def _full_job(item: AttrInput, strings: ExitStrings) -> _Job:
     )[0]
 
 
-def _drop_jobs(item: AttrInput, strings: ExitStrings) -> list[_Job]:
+def _drop_jobs(item: AttrInput, strings: ExitStrings) -> list[Job]:
     """The sequences D_k: the thinking part without segment k, then the exit and the reference pair."""
     jobs = []
     cuts, thinking = item.cuts, item.completion_ids[: item.cuts[-1]]
     for k in range(item.n_segments):
         kept = thinking[: cuts[k]] + thinking[cuts[k + 1] :]
-        jobs += _make_jobs(
+        jobs += make_jobs(
             item.prompt_ids,
             kept,
             [len(kept)],
@@ -109,20 +114,20 @@ def leave_one_out(
 ) -> list[tuple[list[float], list[float]]]:
     """Per trace: (loo_k, loo_value_k) for every thinking segment (see the module docstring).
 
-    All K+1 sequences of a group of traces share the batching budget of ``_score_jobs``; groups of
+    All K+1 sequences of a group of traces share the batching budget of ``score_jobs``; groups of
     traces are only there for the progress bar.
     """
     out: list[tuple[list[float], list[float]]] = []
     group = 16
     for start in tqdm(range(0, len(items), group), desc="leave-one-out", unit="traces", disable=not progress):
         part = items[start : start + group]
-        jobs: list[_Job] = []
+        jobs: list[Job] = []
         bounds = []
         for item in part:
             a = len(jobs)
             jobs += [_full_job(item, strings), *_drop_jobs(item, strings)] if item.n_segments else []
             bounds.append((a, len(jobs)))
-        lps, lpa = _score_jobs(model, jobs, max_batch_tokens) if jobs else (torch.zeros(0), torch.zeros(0))
+        lps, lpa = score_jobs(model, jobs, max_batch_tokens) if jobs else (torch.zeros(0), torch.zeros(0))
         for a, b in bounds:
             if a == b:
                 out.append(([], []))
@@ -137,7 +142,7 @@ OBJECTIVES = ("answer", "value")
 """What the gradient differentiates: log p(y_ref | u_ref, F), or log v̂ = that plus log p(u_ref | F)."""
 
 
-def _target_positions(job: _Job, objective: str) -> list[int]:
+def _target_positions(job: Job, objective: str) -> list[int]:
     """Positions whose logits predict the objective's tokens (position p predicts token p + 1)."""
     answer = range(job.answer_start - 1, job.answer_start - 1 + job.answer_len)
     if objective == "answer":
@@ -173,7 +178,7 @@ def gradient_norms(
     jobs = [_full_job(item, strings) for item in items]
     token_norms: dict[str, list[Tensor]] = {o: [torch.zeros(0)] * len(items) for o in objectives}
     for chunk in tqdm(
-        _chunks(jobs, max_batch_tokens), desc="gradient norms", unit="batch", disable=not progress
+        chunk_jobs(jobs, max_batch_tokens), desc="gradient norms", unit="batch", disable=not progress
     ):
         chunk = [i for i in chunk if items[i].n_segments and jobs[i].answer_len]
         if not chunk:
@@ -358,10 +363,10 @@ def attribute(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.config import load_config
-    from rredcot.jsonl import read_jsonl, write_jsonl
-    from rredcot.modeling import load_model, load_tokenizer, set_threads
-    from rredcot.tracking import stage_run
+    from rredcot.infra.io import read_jsonl, write_jsonl
+    from rredcot.infra.tracking import stage_run
+    from rredcot.lm.modeling import load_model, load_tokenizer, set_threads
+    from rredcot.settings.reads import stage_config
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
@@ -373,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, help="only the first N traces")
     args = ap.parse_args(argv)
 
-    cfg = load_config(args.config)
+    cfg = stage_config(args.config, "study_attribution")
     set_threads(cfg["threads"]["eval"])
     traces = read_jsonl(args.traces)[: args.limit]
     params = {"model": args.model, "traces": args.traces, "mc": args.mc, "n_traces": len(traces)}
@@ -384,12 +389,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         if torch.cuda.is_available():
             model = model.cuda()
         rows, timing = attribute(
-            model, tok, traces, read_jsonl(args.mc), cfg["prompt"], cfg["credit"]["max_batch_tokens"]
+            model,
+            tok,
+            traces,
+            read_jsonl(args.mc),
+            cfg["prompt"],
+            cfg["credit"]["budget"]["max_batch_tokens"],
         )
         write_jsonl(args.out, rows)
         run.log_metrics({**timing, "segments": len(rows), "seconds": time.time() - t0})
         run.log_artifact(args.out)
-        print(f"[study-attribution] {len(traces)} traces, {len(rows)} segments -> {args.out} ({timing})")
+        _log.info(f"{len(traces)} traces, {len(rows)} segments -> {args.out} ({timing})")
         if args.figures:
             from rredcot.studies.figures_attr import METHODS, VALUE_METHODS, VALUE_STEM, attribution_figure
 
@@ -397,8 +407,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             paths += attribution_figure(rows, Path(args.figures), VALUE_METHODS, VALUE_STEM)
             for path in paths:
                 run.log_artifact(path)
-            print(f"[study-attribution] Figure 4 (answer and value objectives) -> {args.figures}")
+            _log.info(f"Figure 4 (answer and value objectives) -> {args.figures}")
 
 
 if __name__ == "__main__":
+    setup_logging()
     main()

@@ -21,6 +21,7 @@ redraws the figures from the study outputs.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from itertools import combinations
@@ -30,7 +31,10 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from rredcot.jsonl import atomic_path
+from rredcot.infra.io import atomic_path
+from rredcot.infra.logs import setup_logging
+
+_log = logging.getLogger(__name__)
 
 FRACTIONS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 LABELS = {
@@ -270,9 +274,9 @@ def prm_rredcot_figure(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.config import load_config
-    from rredcot.jsonl import read_jsonl
-    from rredcot.tracking import stage_run
+    from rredcot.infra.io import read_jsonl
+    from rredcot.infra.tracking import stage_run
+    from rredcot.settings.reads import stage_config
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
@@ -282,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--prm-attribution", choices=tuple(PRM_X), default="prm_score", help="Figure 6's x axis")
     ap.add_argument("--out-dir", required=True, type=Path)
     args = ap.parse_args(argv)
-    cfg = load_config(args.config)
+    cfg = stage_config(args.config, "study_attr_figures")
     params = {"attributions": args.attributions, "prm": args.prm, "prm_attribution": args.prm_attribution}
     with stage_run(cfg, "study-attr-figures", rule="study_attr_figures", params=params) as run:
         paths: list[Path] = []
@@ -296,8 +300,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             paths += prm_rredcot_figure(rows, args.out_dir, args.prm_name, args.prm_attribution)
         for path in paths:
             run.log_artifact(path)
-            print(f"[study-attr-figures] {path}")
+            _log.info(f"{path}")
 
 
 if __name__ == "__main__":
+    setup_logging()
     main()

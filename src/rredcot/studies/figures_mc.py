@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import textwrap
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -30,9 +31,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from rredcot.config import load_config
-from rredcot.jsonl import atomic_path, read_jsonl
-from rredcot.studies.sampling import sample_seed
+from rredcot.infra.io import atomic_path, read_jsonl
+from rredcot.infra.logs import setup_logging
+from rredcot.lm.generation import sample_seed
+from rredcot.settings.reads import stage_config
+
+_log = logging.getLogger(__name__)
 
 
 def read_json(path: str | Path) -> Any:
@@ -332,7 +336,7 @@ def make_figures(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.tracking import stage_run
+    from rredcot.infra.tracking import stage_run
 
     ap = argparse.ArgumentParser(
         prog="rredcot study-mc-figures",
@@ -350,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--mc-stats", help="compute of the MC run (study-mc --stats) for Figure 3's caption")
     args = ap.parse_args(argv)
 
-    cfg = load_config(args.config)
+    cfg = stage_config(args.config, "study_mc_figures")
     traces, records = read_jsonl(args.traces), read_jsonl(args.mc)
     params = {k: str(v) for k, v in vars(args).items() if k != "config"}
     with stage_run(cfg, "study-mc-figures", rule="study_mc_figures", seed=args.seed, params=params) as run:
@@ -362,8 +366,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             run.log_artifact(path)
         fig3 = pl.read_csv(paths["fig3_csv"]).filter(pl.col("group") == "all").sort("truncation")
         run.log_metrics({"lost_at_budget": fig3["lost"][-1], "points": len(records)})
-        print(f"[study-mc-figures] {len(paths)} files under {args.out_dir}", flush=True)
+        _log.info(f"{len(paths)} files under {args.out_dir}")
 
 
 if __name__ == "__main__":
+    setup_logging()
     main()

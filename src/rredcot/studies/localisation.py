@@ -10,13 +10,13 @@ wrong is known. For each wrong trace of ``study-traces`` this finds the culprit:
   computed a step wrongly (a thinking error that the solution did not copy did not matter);
 
 and reads the segment credit the trace got: the culprit segment's share of the blame weights
-(w_k = max(−r̂_k, 0) / Σ, METHOD.md 2.4 for a negative advantage), whether it got the largest
+(w_k = max(−r̂_k, 0) / Σ, docs/METHOD-NOTES.md note 8, for a negative advantage), whether it got the largest
 weight, and chance (one over the number of segments). The same numbers for the σ mass: the culprit
 segment's share of Σσ against its share of the tokens. For a culprit in the thinking it also records
 where the largest blame among the thinking segments landed, relative to the culprit: a value model
 that only notices a wrong value once the next line reuses it blames the segment after (offset 1).
 
-With ``--views DIR`` it also draws the credit pictures (``rredcot.credit_view``) of the first few
+With ``--views DIR`` it also draws the credit pictures (``rredcot.viz.credit_view``) of the first few
 wrong traces of each kind: ``DIR/thinking_<i>.png`` and ``DIR/answer_<i>.png`` (and ``.html``).
 
 CLI: ``rredcot study-localisation --config C --traces traces.jsonl --out localisation.json
@@ -26,13 +26,17 @@ CLI: ``rredcot study-localisation --config C --traces traces.jsonl --out localis
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rredcot.synthetic import THINK_END, parse_problem, run_chain
+from rredcot.data.synthetic import THINK_END, parse_problem, run_chain
+from rredcot.infra.logs import setup_logging
+
+_log = logging.getLogger(__name__)
 
 # The value a step starts from is optional: thinking lines may hold the step alone ("* 4 = 4").
 _EQUATION = re.compile(r"(\d+\s*)?([-+*])\s*(\d+)\s*=\s*(\d+)")
@@ -180,7 +184,7 @@ def write_culprit_views(
 ) -> list[Path]:
     """Credit pictures of the first ``per_kind`` wrong traces whose culprit is in the thinking and in
     the answer; the directory exists afterwards even when there is nothing to draw."""
-    from rredcot.credit_view import write_views
+    from rredcot.viz.credit_view import write_views
 
     out_dir.mkdir(parents=True, exist_ok=True)
     by_id = {row.get("trace_id"): row for row in rows}
@@ -196,9 +200,9 @@ def write_culprit_views(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.config import load_config
-    from rredcot.jsonl import read_jsonl, write_json
-    from rredcot.tracking import stage_run
+    from rredcot.infra.io import read_jsonl, write_json
+    from rredcot.infra.tracking import stage_run
+    from rredcot.settings.reads import stage_config
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
@@ -207,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--views", type=Path, help="directory for credit pictures of a few wrong traces")
     ap.add_argument("--n-views", type=int, default=4, help="pictures per culprit kind (thinking, answer)")
     args = ap.parse_args(argv)
-    cfg = load_config(args.config)
+    cfg = stage_config(args.config, "study_localisation")
     with stage_run(
         cfg, "study-localisation", rule="study_localisation", params={"traces": args.traces}
     ) as run:
@@ -223,22 +227,21 @@ def main(argv: Sequence[str] | None = None) -> None:
             s = summary[part]
             run.log_metrics({f"{part}/{key}": float(value) for key, value in s.items()})
             if s["traces"]:
-                print(
-                    f"[study-localisation] {part}: {s['traces']} wrong traces, culprit segment has the "
+                _log.info(
+                    f"{part}: {s['traces']} wrong traces, culprit segment has the "
                     f"largest blame in {s['top_blame_rate']:.0%}, blame share {s['blame_share']:.2f} "
                     f"(chance {s['chance']:.2f}), σ share {s['sigma_share']:.2f} "
                     f"(token share {s['token_share']:.2f})",
-                    flush=True,
                 )
         if summary["thinking"]["traces"]:
             s = summary["thinking"]
-            print(
-                f"[study-localisation] thinking: the most-blamed thinking segment is the culprit in "
+            _log.info(
+                f"thinking: the most-blamed thinking segment is the culprit in "
                 f"{s['thinking_top_at_culprit']:.0%}, the one after it in {s['thinking_top_one_later']:.0%}",
-                flush=True,
             )
-        print(f"[study-localisation] wrote {args.out}")
+        _log.info(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
+    setup_logging()
     main()

@@ -29,33 +29,34 @@ written as JSON for the captions of Figure 3.
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from rredcot.config import load_config
-from rredcot.generation import VLLMOptions
-from rredcot.grading import _BOX_COMMANDS, answers_equivalent, extract_boxed, final_part
-from rredcot.jsonl import read_jsonl, write_json, write_jsonl
-from rredcot.modeling import load_tokenizer, set_threads
-from rredcot.studies.sampling import Rollout, device_name, make_sampler, sample_seed
+from rredcot.data.grading import answers_equivalent, extract_boxed, final_part, last_box
+from rredcot.infra.io import read_jsonl, write_json, write_jsonl
+from rredcot.infra.logs import setup_logging
+from rredcot.lm.generation import Completion, VLLMOptions, device_name, make_generator, sample_seed
+from rredcot.lm.modeling import load_tokenizer, set_threads
+from rredcot.settings.reads import stage_config
+
+_log = logging.getLogger(__name__)
 
 
 def answer_end(text: str, exit_string: str | None) -> int | None:
     """Character index just past the closing brace of the answer that grading reads, or None.
 
-    That answer is the last ``\\boxed{}`` after the exit string (:func:`rredcot.grading.extract_answer`);
+    That answer is the last ``\\boxed{}`` after the exit string (:func:`rredcot.data.grading.extract_answer`);
     no box opens after it, so once its brace is written the graded answer can no longer change.
     """
     part = final_part(text, exit_string)
-    content = extract_boxed(part)
-    if content is None:
+    box = last_box(part)
+    if box is None or box.end is None:
         return None
-    command = max(part.rfind(c + "{") for c in _BOX_COMMANDS)
-    start = part.index("{", command) + 1
-    return len(text) - len(part) + start + len(content) + 1
+    return len(text) - len(part) + box.end
 
 
 def answer_token(
@@ -84,7 +85,7 @@ def answer_token(
 
 def rollout_record(
     prefix_text: str,
-    rollout: Rollout,
+    rollout: Completion,
     gold: str,
     decode: Callable[[list[int]], str],
     exit_string: str | None,
@@ -114,7 +115,7 @@ def exit_points(traces: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.tracking import stage_run
+    from rredcot.infra.tracking import stage_run
 
     ap = argparse.ArgumentParser(
         prog="rredcot study-mc", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -139,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--stats", help="also write the compute (rollouts, tokens, seconds, device) as JSON")
     args = ap.parse_args(argv)
 
-    cfg = load_config(args.config)
+    cfg = stage_config(args.config, "study_mc")
     set_threads(args.threads)
     exit_string = cfg["prompt"]["exit_string"]
     traces = read_jsonl(args.traces)[: args.limit]
@@ -151,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         tok = load_tokenizer(args.model)
         options = VLLMOptions(args.dtype or "auto", args.gpu_memory_utilization, 1, args.max_model_len)
         dtype = args.dtype or cfg["model"].get("dtype", "float32")
-        sampler = make_sampler(
+        sampler = make_generator(
             args.backend, args.model, tok, dtype=dtype, batch_size=args.batch_size, options=options
         )
         t_load = time.time() - t0
@@ -159,9 +160,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for t, i, cut in points:
             prefixes += [t["prompt_ids"] + t["completion_ids"][:cut]] * m
             seeds += [sample_seed(args.seed, t["trace_id"], i, j) for j in range(m)]
-        print(
-            f"[study-mc] {len(traces)} traces, {len(points)} exit points, {len(seeds)} rollouts", flush=True
-        )
+        _log.info(f"{len(traces)} traces, {len(points)} exit points, {len(seeds)} rollouts")
         rollouts = sampler.sample(
             prefixes,
             seeds,
@@ -228,12 +227,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             run.log_artifact(args.stats)
         run.log_artifact(args.out)
         t_grade = wall - t_load - t_sample
-        print(
-            f"[study-mc] {len(records)} points x {m} rollouts: {generated} tokens in {t_sample:.1f}s "
+        _log.info(
+            f"{len(records)} points x {m} rollouts: {generated} tokens in {t_sample:.1f}s "
             f"({t_sample / n_points:.2f}s per point), graded in {t_grade:.1f}s -> {args.out}",
-            flush=True,
         )
 
 
 if __name__ == "__main__":
+    setup_logging()
     main()

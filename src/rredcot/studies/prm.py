@@ -2,7 +2,8 @@
 
 A PRM turns a problem and a list of steps into one score per step, the probability that the step is
 good. Here a step is one thinking segment ``completion[c_k:c_{k+1}]`` of a trace (its exit points
-``cuts``), so the scores line up with RREDCoT's segment rewards (METHOD.md section 4, Figures 5, 6).
+``cuts``), so the scores line up with RREDCoT's segment rewards (docs/METHOD-NOTES.md, "The
+analyses", Figures 5 and 6).
 
 - ``qwen-prm``: a Hugging Face PRM in Qwen2.5-Math-PRM-7B's format, loaded with
   ``AutoModel.from_pretrained(..., trust_remote_code=True)``. The input is the chat
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +43,10 @@ from typing import Any, Protocol
 import torch
 from tqdm import tqdm
 
+from rredcot.infra.logs import setup_logging
 from rredcot.studies.attribution import differences, segment_fields
+
+_log = logging.getLogger(__name__)
 
 QWEN_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 QWEN_SEPARATOR = "<extra_0>"
@@ -223,7 +228,7 @@ def load_scorer(kind: str, path: str, dtype: str = "float32", max_batch_tokens: 
         model = cls.from_pretrained(path, dtype=chosen, trust_remote_code=True).to(device).eval()
         return QwenPRMScorer(model, tok, max_batch_tokens)
     if kind == "local":
-        from rredcot.modeling import load_tokenizer
+        from rredcot.lm.modeling import load_tokenizer
 
         meta_path = Path(path) / "prm.json"
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
@@ -304,10 +309,10 @@ def score_traces(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.config import load_config
-    from rredcot.jsonl import read_jsonl, write_jsonl
-    from rredcot.modeling import set_threads
-    from rredcot.tracking import stage_run
+    from rredcot.infra.io import read_jsonl, write_jsonl
+    from rredcot.infra.tracking import stage_run
+    from rredcot.lm.modeling import set_threads
+    from rredcot.settings.reads import stage_config
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
@@ -324,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, help="only the first N traces")
     args = ap.parse_args(argv)
 
-    cfg = load_config(args.config)
+    cfg = stage_config(args.config, "study_prm")
     set_threads(cfg["threads"]["eval"])
     rows = read_jsonl(args.traces)[: args.limit]
     params = {"prm": args.prm, "kind": args.kind, "traces": args.traces, "n_traces": len(rows)}
@@ -336,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         seconds = time.time() - t0
         run.log_metrics({"segments": len(lines), "seconds": seconds})
         run.log_artifact(args.out)
-        print(f"[study-prm] {len(rows)} traces, {len(lines)} segments -> {args.out} ({seconds:.1f}s)")
+        _log.info(f"{len(rows)} traces, {len(lines)} segments -> {args.out} ({seconds:.1f}s)")
         if args.figures:
             from rredcot.studies.figures_attr import prm_nll_figure, prm_rredcot_figure
 
@@ -345,8 +350,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             paths += prm_rredcot_figure(lines, Path(args.figures), name)
             for path in paths:
                 run.log_artifact(path)
-            print(f"[study-prm] Figures 5 and 6 -> {args.figures}")
+            _log.info(f"Figures 5 and 6 -> {args.figures}")
 
 
 if __name__ == "__main__":
+    setup_logging()
     main()

@@ -26,6 +26,7 @@ CLI: ``rredcot study-prm-train --config C --model SFT_DIR --traces traces.jsonl 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import random
 import time
@@ -38,8 +39,11 @@ import torch
 from scipy import stats
 from tqdm import tqdm
 
+from rredcot.infra.logs import setup_logging
 from rredcot.studies.attribution import mc_values
 from rredcot.studies.prm import LOCAL_ANSWER_HINT, local_positions, positive_probabilities
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -216,7 +220,7 @@ def fit(
     """Model, tokenizer and summary (settings, sizes, losses, validation metrics) of one training run."""
     from transformers import AutoModelForTokenClassification
 
-    from rredcot.modeling import load_tokenizer
+    from rredcot.lm.modeling import load_tokenizer
 
     tok = load_tokenizer(sft_dir)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -250,10 +254,10 @@ def fit(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.config import load_config
-    from rredcot.jsonl import atomic_dir, read_jsonl, write_json
-    from rredcot.modeling import set_threads
-    from rredcot.tracking import stage_run
+    from rredcot.infra.io import atomic_dir, read_jsonl, write_json
+    from rredcot.infra.tracking import stage_run
+    from rredcot.lm.modeling import set_threads
+    from rredcot.settings.reads import stage_config
 
     d = PRMTrainConfig()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -271,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--answer-hint", choices=("both", "plain"), default=d.answer_hint)
     args = ap.parse_args(argv)
 
-    cfg = load_config(args.config)
+    cfg = stage_config(args.config, "study_prm_train")
     set_threads(cfg["threads"]["train"])
     train_cfg = PRMTrainConfig(
         epochs=args.epochs,
@@ -293,9 +297,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             run.log_metrics({"train_loss": loss}, step=epoch + 1)
         run.log_metrics({**summary["metrics"], "train_seconds": summary["train_seconds"]})
         n_train, n_val = summary["n_train_examples"], summary["n_val_examples"]
-        print(f"[study-prm-train] {n_train} train / {n_val} validation examples")
-        print(f"[study-prm-train] losses {summary['epoch_losses']}; {summary['metrics']} -> {args.out}")
+        _log.info(f"{n_train} train / {n_val} validation examples")
+        _log.info(f"losses {summary['epoch_losses']}; {summary['metrics']} -> {args.out}")
 
 
 if __name__ == "__main__":
+    setup_logging()
     main()

@@ -6,7 +6,7 @@
 Problems are drawn deterministically from ``--seed``, in turn from every (benchmark, level) stratum so
 that easy and hard problems are both represented. Each completion is sampled with the config's
 ``prompt`` section (its own seed is derived from ``--seed`` and the problem id) and graded with
-math-verify. Its credit is computed by :class:`rredcot.assign.CreditAssigner` with the ``rredcot``
+math-verify. Its credit is computed by :class:`rredcot.method.assign.CreditAssigner` with the ``rredcot``
 method, the config's ``credit`` settings and the model itself as value model; the advantage is +1 for
 a correct completion and -1 for a wrong one, so σ says where the credit or the blame goes.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import random
 import time
 from collections import defaultdict
@@ -38,17 +39,19 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from rredcot import credit as C
-from rredcot.assign import CreditAssigner, CreditConfig, TraceCredit, TraceInput, credit_record
-from rredcot.config import load_config
-from rredcot.data import reference_solution
-from rredcot.evaluate import benchmark_of, load_benchmarks
-from rredcot.generation import build_prompt
-from rredcot.grading import answers_equivalent, extract_answer
-from rredcot.jsonl import write_jsonl
-from rredcot.modeling import load_model, load_tokenizer, set_threads
-from rredcot.segmentation import thinking_end
-from rredcot.studies.sampling import HFPrefixSampler, Rollout, sample_seed
+from rredcot.data.grading import answers_equivalent, extract_answer
+from rredcot.data.records import build_prompt, reference_solution
+from rredcot.infra.io import write_jsonl
+from rredcot.infra.logs import setup_logging
+from rredcot.lm.evaluation import benchmark_of, load_benchmarks
+from rredcot.lm.generation import Completion, HFGenerator, sample_seed
+from rredcot.lm.modeling import load_model, load_tokenizer, set_threads
+from rredcot.method import credit as C
+from rredcot.method.assign import CreditAssigner, CreditConfig, TraceCredit, TraceInput, credit_record
+from rredcot.method.segmentation import thinking_end
+from rredcot.settings.reads import stage_config
+
+_log = logging.getLogger(__name__)
 
 
 def sample_problems(rows: Sequence[Mapping[str, Any]], n: int, seed: int) -> list[Mapping[str, Any]]:
@@ -75,9 +78,10 @@ def sample_problems(rows: Sequence[Mapping[str, Any]], n: int, seed: int) -> lis
 
 def rredcot_credit(cfg: Mapping[str, Any], arm: str | None = None) -> CreditConfig:
     """The config's credit settings with the ``rredcot`` method (an arm's options when one is named)."""
-    from rredcot.train import credit_config  # imports TRL: only when a trace file is made
+    from rredcot.settings.config import credit_config
 
     if arm is None:
+        # The first arm that trains with RREDCoT itself lends its credit options.
         arm = next((a for a, spec in cfg["arms"].items() if spec["credit"] == "rredcot"), None)
         arm = arm or next(iter(cfg["arms"]))
     return dataclasses.replace(credit_config(cfg, arm), method="rredcot")
@@ -88,7 +92,7 @@ def trace_record(
     index: int,
     prompt: str,
     prompt_ids: list[int],
-    rollout: Rollout,
+    rollout: Completion,
     pred: str | None,
     assigner: CreditAssigner,
     credit: TraceCredit,
@@ -145,7 +149,7 @@ def trace_record(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.tracking import stage_run
+    from rredcot.infra.tracking import stage_run
 
     ap = argparse.ArgumentParser(
         prog="rredcot study-traces", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -166,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--dtype", help="model dtype on a GPU (default: model.dtype; always float32 on a CPU)")
     args = ap.parse_args(argv)
 
-    cfg = load_config(args.config)
+    cfg = stage_config(args.config, "study_traces")
     set_threads(args.threads)
     credit_cfg = rredcot_credit(cfg, args.arm)
     rows = sample_problems(load_benchmarks(args.data, None), args.n_traces, args.seed)
@@ -184,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         assigner = CreditAssigner(tok, credit_cfg)
         prompts = [build_prompt(cfg["prompt"], r["problem"], tok) for r in rows]
         prompt_ids = [assigner.encode(p) for p in prompts]
-        sampler = HFPrefixSampler(model, tok, batch_size=args.batch_size)
+        sampler = HFGenerator(model, tok, batch_size=args.batch_size, progress=True)
         rollouts = sampler.sample(
             prompt_ids,
             [sample_seed(args.seed, "trace", r["id"]) for r in rows],
@@ -234,13 +238,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             }
         )
         run.log_artifact(args.out)
-        print(
-            f"[study-traces] {len(records)} traces, accuracy {sum(r['correct'] for r in records) / n:.3f}, "
+        _log.info(
+            f"{len(records)} traces, accuracy {sum(r['correct'] for r in records) / n:.3f}, "
             f"{sum(len(r['cuts']) for r in records) / n:.1f} exit points per trace; "
             f"generation {t_gen:.1f}s, credit {wall - t_gen:.1f}s -> {args.out}",
-            flush=True,
         )
 
 
 if __name__ == "__main__":
+    setup_logging()
     main()

@@ -1,0 +1,304 @@
+"""``RREDCoTTrainer``: TRL's GRPOTrainer with token-level credit assignment (docs/METHOD-NOTES.md).
+
+The adapter is deliberately thin. The parent generates, rewards and computes one advantage per
+completion; this class turns each advantage into per-token advantages ``A · σ_t · |o|`` so that
+TRL's sequence-mean loss (``loss_type="grpo"``) becomes ``Σ_t σ_t ℓ_t``. The credit method chooses σ
+(:func:`rredcot.method.credit.credit_multiplier`): ``uniform`` leaves TRL's advantages untouched (stock GRPO
+bit for bit under every loss type), ``entropy`` weights tokens by the policy's entropy, ``rredcot``
+and ``rredcot+entropy`` spread the advantage over segments by the change of exit-point values,
+scored by teacher forcing the reference pairs with the value model in a single pass per trace
+(:mod:`rredcot.method.prefix_scoring`).
+
+Distributed runs (``accelerate launch``: DDP, DeepSpeed ZeRO-1/2/3, FSDP2): the credit passes run on
+whole parameters (:func:`rredcot.adapter.distributed.scoring_model`), so each process scores its own slice
+of the batch with no collective call inside; group mates for ``group_pairs`` and the credit
+statistics are gathered over all processes, so neither depends on the number of GPUs. Evaluation
+batches get no credit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+
+from rredcot.adapter.distributed import check_backend, gather_objects, scoring_model
+from rredcot.data.grading import grade
+from rredcot.method.assign import CreditAssigner, CreditConfig, TraceCredit, TraceInput, credit_record
+
+__all__ = ["CreditConfig", "RREDCoTTrainer", "TraceCredit", "credit_record"]
+
+_log = logging.getLogger(__name__)
+
+
+class RREDCoTTrainer(GRPOTrainer):
+    """GRPOTrainer whose advantages are redistributed over tokens by a credit method.
+
+    Pass ``credit=CreditConfig(...)`` in addition to the usual GRPOTrainer arguments. Dataset columns
+    by method: ``uniform`` and ``entropy`` need none beyond TRL's; ``rredcot*`` need ``answer`` (the
+    reference answer) and ``reference`` (the reference solution text; empty is allowed), and
+    optionally ``reference_log_q`` (``proposal: given``) and ``reference_utility``. Credit records of
+    sampled traces accumulate in ``credit_views`` (main process) when ``view_every`` > 0.
+    """
+
+    def __init__(self, *args: Any, credit: CreditConfig | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.credit = credit or CreditConfig()
+        self.credit_views: list[dict[str, Any]] = []
+        self.assigner = CreditAssigner(self.processing_class, self.credit)
+        self._value_model: torch.nn.Module | None = None
+        if not self.credit.kind.uniform:
+            check_backend(self.accelerator, self.args.ds3_gather_for_generation)
+        if self.credit.kind.needs_exit_values and self.credit.value_model == "reference":
+            # TRL keeps a reference model only when beta > 0; otherwise load a frozen one of the start.
+            self._value_model = self.ref_model if self.ref_model is not None else self._frozen_start()
+        if not self.credit.kind.uniform and self.loss_type != "grpo":
+            # σ sums to 1 per trace only under the sequence-mean normaliser.
+            _log.info("loss_type=%r: σ·|o| is applied under that normaliser", self.loss_type)
+
+    def _frozen_start(self) -> torch.nn.Module:
+        """A frozen model with the start weights, prepared for the launcher as TRL prepares its
+        reference model.
+
+        A new instance, never a copy of the policy object: TRL rebinds the policy's ``forward`` (the
+        fused LM head) to a closure over the live policy, which a deep copy would keep calling. The
+        weights come from the start checkpoint when the policy was loaded from one (also right after
+        a resume, when the policy holds later weights), else from the policy as it is now.
+        """
+        from transformers import AutoModelForCausalLM
+        from trl.models import prepare_deepspeed, prepare_fsdp
+        from trl.trainer.utils import create_model_from_path, disable_dropout_in_model, get_config_model_id
+
+        policy = self.accelerator.unwrap_model(self.model)
+        source = get_config_model_id(policy.config)
+        attn = policy.config._attn_implementation
+        dtype = next(policy.parameters()).dtype
+        if source:
+            frozen = create_model_from_path(source, dtype=dtype, attn_implementation=attn)
+        else:
+            if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+                raise ValueError(
+                    "value_model 'reference' under ZeRO or FSDP needs a policy loaded from a checkpoint "
+                    "(its config's _name_or_path), or beta > 0 so that TRL keeps a reference model"
+                )
+            frozen = AutoModelForCausalLM.from_config(policy.config, dtype=dtype, attn_implementation=attn)
+            frozen.load_state_dict(policy.state_dict())
+        frozen.requires_grad_(False)
+        disable_dropout_in_model(frozen)
+        if self.is_deepspeed_enabled:
+            return prepare_deepspeed(frozen, self.accelerator)
+        if self.is_fsdp_enabled:
+            return prepare_fsdp(frozen, self.accelerator)
+        return self.accelerator.prepare_model(frozen.eval(), evaluation_mode=True)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        # transformers loads a multi-process run's optimizer state with map_location=args.device;
+        # for CPU processes (gloo) that is "cpu:0", which torch.load cannot restore to. Load it on
+        # "cpu" as a single process would (GPU devices are unaffected).
+        device = self.args.device
+        if checkpoint is None or device.type != "cpu" or device.index is None:
+            super()._load_optimizer_and_scheduler(checkpoint)
+            return
+        self.args.__dict__["_setup_devices"] = torch.device("cpu")  # the cached_property behind .device
+        try:
+            super()._load_optimizer_and_scheduler(checkpoint)
+        finally:
+            self.args.__dict__["_setup_devices"] = device
+
+    # -- the override ----------------------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        out = super()._generate_and_score_completions(inputs)
+        if self.credit.kind.uniform or not self.model.training:
+            return out  # stock GRPO; evaluation batches get no credit either
+        t0 = time.perf_counter()
+        advantages, mask = out["advantages"], out["completion_mask"]
+        per_token = self._credit_multipliers(inputs, out).to(advantages.dtype)
+        # Padding positions are masked out of the loss; keep the factor 1 there so nothing changes.
+        out["advantages"] = advantages.unsqueeze(1) * torch.where(mask.bool(), per_token, 1.0)
+        seconds = gather_objects(self.accelerator, [time.perf_counter() - t0])
+        self._metrics["train"]["credit/seconds"].append(max(seconds))  # the step waits for the slowest
+        return out
+
+    # -- credit ----------------------------------------------------------------------------------
+    def _group_finals(
+        self, inputs: list[dict[str, Any]], texts: list[str]
+    ) -> dict[str, list[tuple[str, str]]]:
+        """Final solutions of every correct completion, by prompt, over all processes (in the order
+        of the whole generation batch, so the pairs do not depend on the number of processes)."""
+        local = []
+        for row, text in zip(inputs, texts, strict=True):
+            answer = str(row["answer"])
+            final = self.assigner.final_solution(text) if grade(text, answer) else None
+            local.append((_prompt_key(row["prompt"]), final))
+        finals: dict[str, list[tuple[str, str]]] = {}
+        for key, final in gather_objects(self.accelerator, local):
+            if final is not None:
+                finals.setdefault(key, []).append(tuple(final))
+        return finals
+
+    def _reference_pairs(
+        self, row: dict[str, Any], finals: dict[str, list[tuple[str, str]]] | None
+    ) -> TraceInput:
+        """The dataset pair of a row, then (optionally) the final solutions of correct group mates."""
+        if "answer" not in row:
+            raise KeyError(f"credit method {self.credit.method!r} needs an 'answer' column in the dataset")
+        answer = str(row["answer"])
+        pairs = [(row.get("reference") or "", answer)]
+        if finals is not None:
+            for final in finals.get(_prompt_key(row["prompt"]), []):
+                if final not in pairs:
+                    pairs.append(final)
+        log_q = None
+        if self.credit.proposal == "given":
+            if row.get("reference_log_q") is None:
+                raise ValueError("proposal 'given' needs a 'reference_log_q' column in the dataset")
+            log_q = torch.tensor([float(row["reference_log_q"])], dtype=torch.float64)
+        utility = torch.ones(len(pairs), dtype=torch.float64)
+        if row.get("reference_utility") is not None:
+            utility[0] = float(row["reference_utility"])
+        return TraceInput([], [], 0.0, pairs, log_q, utility)
+
+    @contextmanager
+    def _credit_models(self) -> Iterator[tuple[torch.nn.Module, torch.nn.Module | None]]:
+        """Policy and value model with whole parameters, under the run's mixed-precision autocast.
+
+        Every process enters and leaves together, whatever its share of the work."""
+        with ExitStack() as stack:
+            policy = stack.enter_context(scoring_model(self.accelerator, self.model_wrapped))
+            value = None
+            if self._value_model is not None:
+                value = stack.enter_context(scoring_model(self.accelerator, self._value_model))
+            stack.enter_context(self.accelerator.autocast())
+            yield policy, value
+
+    def _credit_multipliers(self, inputs: list[dict[str, Any]], out: dict[str, Any]) -> torch.Tensor:
+        prompt_ids, prompt_mask = out["prompt_ids"], out["prompt_mask"]
+        completion_ids, completion_mask = out["completion_ids"], out["completion_mask"]
+        advantages = out["advantages"]
+        per_token = torch.ones(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
+        lengths = completion_mask.sum(dim=1).tolist()
+        exit_values = self.credit.kind.needs_exit_values
+        finals = None
+        if exit_values and self.credit.group_pairs:  # a collective: every process, every batch
+            every = [completion_ids[i][: lengths[i]].tolist() for i in range(len(inputs))]
+            finals = self._group_finals(
+                inputs, self.processing_class.batch_decode(every, skip_special_tokens=True)
+            )
+        rows = [i for i in range(len(inputs)) if float(advantages[i]) != 0.0 and lengths[i] > 0]
+        items = []
+        for i in rows:
+            item = self._reference_pairs(inputs[i], finals) if exit_values else TraceInput([], [], 0.0, [])
+            item.prompt_ids = prompt_ids[i][prompt_mask[i].bool()].tolist()
+            item.completion_ids = completion_ids[i][: lengths[i]].tolist()
+            item.advantage = float(advantages[i])
+            items.append(item)
+        with self._credit_models() as (policy, value_model):  # collective on entry and exit
+            credits = self.assigner.assign(policy, items, value_model)
+        stats = _CreditStats()
+        for i, tc in zip(rows, credits, strict=True):
+            per_token[i, : lengths[i]] = tc.multiplier.to(per_token.device)
+            stats.add(tc)
+        # Over every process's traces, so the logged numbers do not depend on the GPU count.
+        for name, value in _CreditStats.merge(gather_objects(self.accelerator, [stats])).summary().items():
+            if math.isfinite(value):  # no traces with an advantage: only the count (0) is logged
+                self._metrics["train"][f"credit/{name}"].append(value)
+        if self.accelerator.is_main_process:
+            self._keep_views(inputs, rows, [it.completion_ids for it in items], advantages, credits)
+        return per_token
+
+    def _keep_views(
+        self,
+        inputs: list[dict[str, Any]],
+        rows: list[int],
+        completions: list[list[int]],
+        advantages: torch.Tensor,
+        credits: list[TraceCredit],
+    ) -> None:
+        """Keep credit records of a few traces (alternating advantage signs) every ``view_every`` steps."""
+        cfg = self.credit
+        step = int(self.state.global_step)
+        if (
+            cfg.view_every <= 0
+            or step % cfg.view_every != 0
+            or any(v["step"] == step for v in self.credit_views)
+        ):
+            return
+        pos = [j for j, i in enumerate(rows) if float(advantages[i]) > 0]
+        neg = [j for j, i in enumerate(rows) if float(advantages[i]) < 0]
+        order = [j for pair in zip(neg, pos, strict=False) for j in pair] + neg[len(pos) :] + pos[len(neg) :]
+        # A trace that is only an EOS has two equal cuts (0, 0): nothing to picture.
+        order = [j for j in order if len(set(credits[j].cuts)) == len(credits[j].cuts)]
+        for j in order[: cfg.view_samples]:
+            i, tc = rows[j], credits[j]
+            self.credit_views.append(
+                credit_record(
+                    tokens=self.assigner.token_texts(completions[j]),
+                    credit=tc,
+                    method=cfg.method,
+                    step=step,
+                    trace_id=f"step{step}-{j}",
+                    prompt=str(inputs[i]["prompt"]),
+                    answer=str(inputs[i].get("answer", "")),  # only methods with reference pairs need it
+                    advantage=float(advantages[i]),
+                    baseline_text=self.assigner.baseline_text(tc),
+                )
+            )
+
+
+def _prompt_key(prompt: Any) -> str:
+    """A hashable key of a prompt (plain text or a conversation)."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+
+
+class _CreditStats:
+    """Running σ statistics over the traces of one generation batch."""
+
+    def __init__(self) -> None:
+        self.max_share: list[float] = []
+        self.sigma_entropy: list[float] = []
+        self.segments: list[int] = []
+        self.exit_log_value: list[float] = []
+
+    def add(self, tc: TraceCredit) -> None:
+        length = tc.multiplier.numel()
+        sigma = (tc.multiplier / length).double()
+        self.max_share.append(float(sigma.max()))
+        nz = sigma[sigma > 0]
+        # Normalised entropy of σ: 1.0 = uniform over tokens, lower = concentrated credit.
+        ent = float(-(nz * nz.log()).sum()) / math.log(length) if length > 1 else 1.0
+        self.sigma_entropy.append(ent)
+        if tc.segment_starts:
+            self.segments.append(len(tc.segment_starts))
+        finite = tc.log_values[torch.isfinite(tc.log_values)]
+        if finite.numel():
+            self.exit_log_value.append(float(finite.mean()))
+
+    @classmethod
+    def merge(cls, parts: list[_CreditStats]) -> _CreditStats:
+        """The statistics of several processes' traces together."""
+        whole = cls()
+        for part in parts:
+            whole.max_share += part.max_share
+            whole.sigma_entropy += part.sigma_entropy
+            whole.segments += part.segments
+            whole.exit_log_value += part.exit_log_value
+        return whole
+
+    def summary(self) -> dict[str, float]:
+        def mean(xs: list[float] | list[int]) -> float:
+            return float(sum(xs) / len(xs)) if xs else float("nan")
+
+        return {
+            "traces": float(len(self.sigma_entropy)),
+            "sigma_max_share": mean(self.max_share),
+            "sigma_norm_entropy": mean(self.sigma_entropy),
+            "segments": mean(self.segments),
+            "exit_log_value": mean(self.exit_log_value),
+        }

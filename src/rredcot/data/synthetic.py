@@ -1,0 +1,367 @@
+"""Deterministic generator of the synthetic multi-step reasoning task (modular arithmetic chains).
+
+A problem such as ``"Start at 7, add 5, times 3, minus 4. Work mod 10."`` has ``level`` operations.
+Each row carries a reference solution, a noisy teacher trace for SFT warm-up, and truth columns, in
+the common record schema shared with the real math datasets. Only the ``rl`` split gets label noise,
+so the label-error cleaner can be scored against the injected truth.
+
+Run ``python -m rredcot.data.synthetic --out-dir DIR`` to write ``DIR/{sft,rl,test}.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rredcot.infra.io import write_jsonl
+
+OP_WORDS = {"+": "add", "-": "minus", "*": "times"}
+NOISE_KINDS = ("wrong_answer", "inconsistent_solution", "missing_solution", "consistent_wrong_label")
+SPLITS = ("sft", "rl", "test")
+MIDDLE_KEYWORDS = ("Next, ", "Then, ", "Now, ", "So, ")
+THINK_END = "</think>\n"
+
+Step = tuple[str, int]
+
+
+@dataclass
+class TaskConfig:
+    """The synthetic multi-step arithmetic task; the defaults are the embedded default's (CPU scale)."""
+
+    modulus: int = 10
+    """All arithmetic is done modulo this number; answers are residues ``0..modulus-1``."""
+    levels: list[int] = field(default_factory=lambda: [2, 3, 4, 5])
+    """Difficulty levels = number of operations; every split is spread evenly over them."""
+    ops: list[str] = field(default_factory=lambda: ["+", "-", "*"])
+    """Operations to draw from (a subset of ``+``, ``-``, ``*``)."""
+    teacher_error_rate: float = 0.1
+    """Probability that the teacher writes a wrong result in a step."""
+    teacher_fix_rate: float = 0.5
+    """Probability that a wrong teacher step is followed by a ``Wait,`` correction line."""
+    teacher_early_exit_rate: float = 0.0
+    """Probability that the teacher stops thinking after a random number of steps (possibly none) and
+    computes the remaining steps directly in the solution. This makes every exit point a state the
+    model has seen, so exit-point values (the model writing the solution from there) are meaningful."""
+    restate_value: bool = True
+    """Each thinking line restates the value its step starts from (``Next, 1 * 4 = 4.``). Without it
+    a line holds the step alone (``Next, * 4 = 4.``): the value after a step is then written in
+    that step's line only, so a model that copies it into its final solution must read that line
+    (with it, it can read the value from the next line's start, one line late)."""
+    n_sft: int = 4000
+    """Rows in the SFT warm-up split."""
+    n_rl: int = 1000
+    """Rows in the RL split (the only split with label noise)."""
+    n_test: int = 400
+    """Rows in the held-out test split."""
+    label_noise: float = 0.15
+    """Fraction of RL rows whose label gets corrupted."""
+    noise_kinds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(NOISE_KINDS, 1.0))
+    """Relative weights of the label-noise kinds."""
+    seed: int = 0
+    """Seed for everything; the same seed and config give byte-identical rows."""
+
+    def __post_init__(self) -> None:
+        if self.modulus < 2:
+            raise ValueError("modulus must be at least 2")
+        if not self.levels or min(self.levels) < 1:
+            raise ValueError("levels must be a non-empty list of positive step counts")
+        if not self.ops or set(self.ops) - set(OP_WORDS):
+            raise ValueError(f"ops must be a non-empty subset of {sorted(OP_WORDS)}")
+        if set(self.noise_kinds) - set(NOISE_KINDS) or sum(self.noise_kinds.values()) <= 0:
+            raise ValueError(f"noise_kinds must give positive total weight to kinds among {NOISE_KINDS}")
+        if not 0.0 <= self.label_noise <= 1.0:
+            raise ValueError("label_noise must be in [0, 1]")
+
+
+def apply_op(value: int, op: str, operand: int, modulus: int) -> int:
+    """Result of one step, as a residue."""
+    if op == "+":
+        return (value + operand) % modulus
+    if op == "-":
+        return (value - operand) % modulus
+    return (value * operand) % modulus
+
+
+def run_chain(start: int, steps: Sequence[Step], modulus: int) -> list[int]:
+    """Values after each step (``len(steps)`` values, the last one is the answer)."""
+    values, value = [], start
+    for op, operand in steps:
+        value = apply_op(value, op, operand, modulus)
+        values.append(value)
+    return values
+
+
+def problem_text(start: int, steps: Sequence[Step], modulus: int) -> str:
+    """Problem statement, e.g. ``"Start at 7, add 5, times 3, minus 4. Work mod 10."``."""
+    parts = [f"Start at {start}"] + [f"{OP_WORDS[op]} {operand}" for op, operand in steps]
+    return f"{', '.join(parts)}. Work mod {modulus}."
+
+
+def solution_text(start: int, steps: Sequence[Step], results: Sequence[int]) -> str:
+    """Solution line from the results actually written, e.g. ``"7 + 5 = 2, 2 * 3 = 6. \\boxed{6}"``.
+
+    Each equation starts from the previous written result, so a wrong result propagates.
+    """
+    equations, left = [], start
+    for (op, operand), result in zip(steps, results, strict=True):
+        equations.append(f"{left} {op} {operand} = {result}")
+        left = result
+    return f"{', '.join(equations)}. \\boxed{{{results[-1]}}}"
+
+
+_WORD_OPS = {word: op for op, word in OP_WORDS.items()}
+_PROBLEM_RE = re.compile(r"Start at (\d+)((?:\s*,\s*(?:add|minus|times)\s+\d+)+)\s*\.\s*Work mod (\d+)\s*\.")
+_STEP_RE = re.compile(r"(add|minus|times)\s+(\d+)")
+
+
+def parse_problem(problem: str) -> tuple[int, list[Step], int] | None:
+    """(start, steps, modulus) of a problem text; ``None`` if it is not a synthetic problem."""
+    match = _PROBLEM_RE.fullmatch(problem.strip()) if isinstance(problem, str) else None
+    if match is None:
+        return None
+    modulus = int(match.group(3))
+    if modulus < 1:
+        return None
+    steps = [(_WORD_OPS[word], int(operand)) for word, operand in _STEP_RE.findall(match.group(2))]
+    return int(match.group(1)), steps, modulus
+
+
+def solve(problem: str) -> str | None:
+    """Recompute the answer of a problem text; ``None`` if it is not a synthetic problem."""
+    parsed = parse_problem(problem)
+    return None if parsed is None else str(run_chain(*parsed)[-1])
+
+
+def _wrong_residue(rng: random.Random, correct: int, modulus: int) -> int:
+    """Uniformly random residue different from ``correct``."""
+    wrong = rng.randrange(modulus - 1)
+    return wrong + 1 if wrong >= correct else wrong
+
+
+def teacher_trace(start: int, steps: Sequence[Step], cfg: TaskConfig, rng: random.Random) -> tuple[str, int]:
+    """Write a teacher completion with occasional (sometimes corrected) mistakes.
+
+    Returns the completion and the final value it boxes. The solution line after ``</think>`` is
+    built from the equations the trace kept, so an uncorrected mistake propagates to the answer.
+    """
+    lines, kept, value = [], [], start
+    think_steps = len(steps)
+    if rng.random() < cfg.teacher_early_exit_rate:
+        think_steps = rng.randrange(len(steps))
+    for i, (op, operand) in enumerate(steps):
+        if i >= think_steps:
+            # Computed directly in the solution line: same error rate, no chance to correct it.
+            correct = apply_op(value, op, operand, cfg.modulus)
+            value = (
+                _wrong_residue(rng, correct, cfg.modulus)
+                if rng.random() < cfg.teacher_error_rate
+                else correct
+            )
+            kept.append(value)
+            continue
+        if i == 0:
+            keyword = "First, "
+        elif i == len(steps) - 1:
+            keyword = "Finally, "
+        else:
+            keyword = rng.choice(MIDDLE_KEYWORDS)
+        correct = apply_op(value, op, operand, cfg.modulus)
+        result = correct
+        if rng.random() < cfg.teacher_error_rate:
+            result = _wrong_residue(rng, correct, cfg.modulus)
+        left = f"{value} " if cfg.restate_value else ""
+        lines.append(f"{keyword}{left}{op} {operand} = {result}.\n")
+        if result != correct and rng.random() < cfg.teacher_fix_rate:
+            result = correct
+            lines.append(f"Wait, {left}{op} {operand} = {result}.\n")
+        kept.append(result)
+        value = result
+    return "".join(lines) + THINK_END + solution_text(start, steps, kept), value
+
+
+def _sample_problems(
+    n: int, cfg: TaskConfig, rng: random.Random, seen: set[str]
+) -> list[tuple[int, list[Step], str]]:
+    """Draw ``n`` problems not in ``seen`` (updated in place), cycling through the levels."""
+    problems = []
+    for i in range(n):
+        level = cfg.levels[i % len(cfg.levels)]
+        while True:
+            start = rng.randrange(cfg.modulus)
+            steps = [(rng.choice(cfg.ops), rng.randrange(1, cfg.modulus)) for _ in range(level)]
+            text = problem_text(start, steps, cfg.modulus)
+            if text not in seen:
+                break
+        seen.add(text)
+        problems.append((start, steps, text))
+    return problems
+
+
+def _apportion(total: int, weights: dict[str, float]) -> dict[str, int]:
+    """Split ``total`` into integer counts proportional to ``weights`` (largest remainder)."""
+    norm = sum(weights.values())
+    shares = {kind: total * w / norm for kind, w in weights.items()}
+    counts = {kind: int(share) for kind, share in shares.items()}
+    by_remainder = sorted(weights, key=lambda kind: (counts[kind] - shares[kind], NOISE_KINDS.index(kind)))
+    for kind in by_remainder[: total - sum(counts.values())]:
+        counts[kind] += 1
+    return counts
+
+
+def noise_counts(cfg: TaskConfig) -> dict[str, int]:
+    """Exact number of RL rows per noise kind; they sum to ``round(label_noise * n_rl)``."""
+    return _apportion(round(cfg.label_noise * cfg.n_rl), cfg.noise_kinds)
+
+
+def _corrupted_results(row: dict[str, Any], modulus: int, rng: random.Random) -> list[int]:
+    """Step results with one wrong step propagated to the end, always changing the final value."""
+    start, steps = row["start"], [tuple(s) for s in row["steps"]]
+    truth = run_chain(start, steps, modulus)
+    # Propagation can cancel the error (e.g. a later "times 5" mod 10), which would make the noise
+    # invisible in the labels; retry, and fall back to corrupting the last step, which always shows.
+    for _ in range(10):
+        k = rng.randrange(len(steps))
+        values = truth[:k] + [_wrong_residue(rng, truth[k], modulus)]
+        for op, operand in steps[k + 1 :]:
+            values.append(apply_op(values[-1], op, operand, modulus))
+        if values[-1] != truth[-1]:
+            return values
+    return truth[:-1] + [_wrong_residue(rng, truth[-1], modulus)]
+
+
+def _inject_noise(row: dict[str, Any], kind: str, modulus: int, rng: random.Random, occurrence: int) -> None:
+    """Corrupt ``row``'s answer / solution in place; ``occurrence`` counts earlier rows of ``kind``."""
+    row["noise"] = kind
+    if kind == "wrong_answer":
+        row["answer"] = str(_wrong_residue(rng, int(row["true_answer"]), modulus))
+    elif kind == "missing_solution":
+        # Both encodings of "no solution" occur in real data; alternate so both are exercised.
+        row["solution"] = None if occurrence % 2 == 0 else ""
+    else:
+        results = _corrupted_results(row, modulus, rng)
+        row["solution"] = solution_text(row["start"], [tuple(s) for s in row["steps"]], results)
+        if kind == "consistent_wrong_label":
+            row["answer"] = str(results[-1])
+
+
+def _make_split(split: str, n: int, cfg: TaskConfig, seen: set[str]) -> list[dict[str, Any]]:
+    # Separate random streams per split and purpose: the test set does not change when n_sft
+    # changes, and the problems do not change when only the teacher's error rates change.
+    problem_rng = random.Random(f"{cfg.seed}-{split}-problems")
+    teacher_rng = random.Random(f"{cfg.seed}-{split}-teacher")
+    rows = []
+    for i, (start, steps, text) in enumerate(_sample_problems(n, cfg, problem_rng, seen)):
+        answer = str(run_chain(start, steps, cfg.modulus)[-1])
+        solution = solution_text(start, steps, run_chain(start, steps, cfg.modulus))
+        completion, final = teacher_trace(start, steps, cfg, teacher_rng)
+        rows.append(
+            {
+                "id": f"syn-{split}-{i:06d}",
+                "problem": text,
+                "answer": answer,
+                "solution": solution,
+                "source": "synthetic",
+                "level": len(steps),
+                "split": split,
+                "completion": completion,
+                "completion_correct": str(final) == answer,
+                "start": start,
+                "steps": [[op, operand] for op, operand in steps],
+                "true_answer": answer,
+                "true_solution": solution,
+                "noise": None,
+            }
+        )
+    return rows
+
+
+def generate_splits(cfg: TaskConfig) -> dict[str, list[dict[str, Any]]]:
+    """Generate the ``sft``, ``rl`` and ``test`` splits, disjoint by problem text.
+
+    Label noise goes into exactly ``round(label_noise * n_rl)`` RL rows, with per-kind counts from
+    :func:`noise_counts`.
+    """
+    sizes = {"sft": cfg.n_sft, "rl": cfg.n_rl, "test": cfg.n_test}
+    # Rejection sampling of unseen problems only terminates if enough distinct problems exist.
+    needed = Counter(cfg.levels[i % len(cfg.levels)] for n in sizes.values() for i in range(n))
+    for level, count in needed.items():
+        if count > cfg.modulus * (len(set(cfg.ops)) * (cfg.modulus - 1)) ** level:
+            raise ValueError(f"not enough distinct level-{level} problems for the requested split sizes")
+    seen: set[str] = set()
+    # Test first, then rl, then sft: earlier splits never depend on the sizes of later ones.
+    splits = {split: _make_split(split, sizes[split], cfg, seen) for split in ("test", "rl", "sft")}
+    noise_rng = random.Random(f"{cfg.seed}-rl-noise")
+    kinds = [kind for kind, count in noise_counts(cfg).items() for _ in range(count)]
+    noisy = sorted(noise_rng.sample(range(cfg.n_rl), len(kinds)))
+    noise_rng.shuffle(kinds)
+    seen_kinds: Counter[str] = Counter()
+    for row_index, kind in zip(noisy, kinds, strict=True):
+        _inject_noise(splits["rl"][row_index], kind, cfg.modulus, noise_rng, seen_kinds[kind])
+        seen_kinds[kind] += 1
+    return {split: splits[split] for split in SPLITS}
+
+
+def summarize(splits: dict[str, list[dict[str, Any]]]) -> str:
+    """Human-readable summary: rows per split and level, teacher accuracy, label-noise counts."""
+    lines = []
+    for split, rows in splits.items():
+        levels = Counter(row["level"] for row in rows)
+        per_level = ", ".join(f"L{level}: {count}" for level, count in sorted(levels.items()))
+        correct = sum(row["completion_correct"] for row in rows) / max(len(rows), 1)
+        lines.append(f"{split}: {len(rows)} rows ({per_level}); teacher traces correct: {correct:.1%}")
+    noise = Counter(row["noise"] for rows in splits.values() for row in rows if row["noise"])
+    lines.append("label noise: " + (", ".join(f"{k}={v}" for k, v in sorted(noise.items())) or "none"))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """CLI: write ``sft.jsonl``, ``rl.jsonl`` and ``test.jsonl`` to ``--out-dir`` and print a summary."""
+    defaults = TaskConfig()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", required=True, type=Path)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--modulus", type=int, default=defaults.modulus)
+    parser.add_argument("--levels", type=int, nargs="+", default=defaults.levels)
+    parser.add_argument("--ops", nargs="+", default=defaults.ops, choices=sorted(OP_WORDS))
+    parser.add_argument("--teacher-error-rate", type=float, default=defaults.teacher_error_rate)
+    parser.add_argument("--teacher-fix-rate", type=float, default=defaults.teacher_fix_rate)
+    parser.add_argument("--teacher-early-exit-rate", type=float, default=defaults.teacher_early_exit_rate)
+    parser.add_argument(
+        "--no-restate-value",
+        dest="restate_value",
+        action="store_false",
+        help="thinking lines hold the step alone",
+    )
+    parser.add_argument("--n-sft", type=int, default=defaults.n_sft)
+    parser.add_argument("--n-rl", type=int, default=defaults.n_rl)
+    parser.add_argument("--n-test", type=int, default=defaults.n_test)
+    parser.add_argument("--label-noise", type=float, default=defaults.label_noise)
+    args = parser.parse_args(argv)
+    cfg = TaskConfig(
+        modulus=args.modulus,
+        levels=args.levels,
+        ops=args.ops,
+        teacher_error_rate=args.teacher_error_rate,
+        teacher_fix_rate=args.teacher_fix_rate,
+        teacher_early_exit_rate=args.teacher_early_exit_rate,
+        restate_value=args.restate_value,
+        n_sft=args.n_sft,
+        n_rl=args.n_rl,
+        n_test=args.n_test,
+        label_noise=args.label_noise,
+        seed=args.seed,
+    )
+    splits = generate_splits(cfg)
+    for split, rows in splits.items():
+        write_jsonl(args.out_dir / f"{split}.jsonl", rows)
+    print(summarize(splits))
+
+
+if __name__ == "__main__":
+    main()

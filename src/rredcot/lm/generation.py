@@ -1,0 +1,411 @@
+"""Prompt building and generation: one interface, two backends (transformers and vLLM).
+
+A :class:`Generator` does two things. ``generate`` samples ``n`` completions of each text prompt
+(evaluation, the training probe). ``sample`` continues token-id prefixes, one row per (prefix, seed),
+each sample with its own random stream (the studies continue traces from exit points: decoding a
+prefix and encoding it again could tokenize the cut differently, and per-row seeds make a rollout
+independent of which other rows share its batch, so a study can be rerun in parts).
+
+``HFGenerator`` runs transformers' ``generate`` on a model in memory (CPU or GPU); its ``sample``
+gets per-row streams from greedy search with a logits processor that adds Gumbel noise from each
+row's own generator (the argmax of ``logits / T + Gumbel`` is a sample of ``softmax(logits / T)``,
+top-p filtering first). ``VLLMGenerator`` loads a saved model into vLLM, which is what makes sampling
+long reasoning traces affordable on GPUs; it passes the seed of every request. vLLM is imported only
+when that backend is chosen, so the CPU install does not need it. A temperature of 0 means greedy
+decoding everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from tqdm.auto import tqdm
+from transformers import LogitsProcessor, LogitsProcessorList
+
+BACKENDS = ("hf", "vllm")
+
+
+# ------------------------------------------------------------------------------------------ prompts
+# ------------------------------------------------------------------------------------------ backends
+@dataclass(frozen=True)
+class Completion:
+    """One generated continuation of a prompt or prefix."""
+
+    token_ids: list[int]  # generated tokens, the stop token included when one was produced
+    text: str  # decoded text, special tokens dropped
+    truncated: bool  # stopped by max_new_tokens, not by a stop token
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class Generator(Protocol):
+    """A generation backend; results come back in the order of the inputs."""
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seed: int,
+    ) -> list[list[Completion]]:
+        """``n`` completions of each text prompt (one stream per call, seeded by ``seed``)."""
+        ...
+
+    def sample(
+        self,
+        prefixes: Sequence[Sequence[int]],
+        seeds: Sequence[int],
+        *,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+    ) -> list[Completion]:
+        """One continuation per (token-id prefix, seed) row, each with its own random stream."""
+        ...
+
+
+def sample_seed(*parts: object) -> int:
+    """A 63-bit seed derived from any ids (stable across runs and machines, unlike ``hash``)."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class GumbelSampling(LogitsProcessor):
+    """Turns greedy search into sampling with one random stream per row (Gumbel-max trick)."""
+
+    def __init__(self, seeds: Sequence[int], temperature: float, top_p: float, device: torch.device):
+        self.temperature, self.top_p = temperature, top_p
+        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores = scores.float() / self.temperature
+        if self.top_p < 1.0:
+            # Keep the smallest set of tokens whose probability reaches top_p (the first always stays).
+            probs, order = scores.softmax(-1).sort(-1, descending=True)
+            drop_sorted = probs.cumsum(-1) - probs >= self.top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            scores = scores.masked_fill(drop, float("-inf"))
+        # One draw per row and step from the row's own stream; finished rows keep drawing, harmlessly.
+        v = scores.shape[-1]
+        u = torch.stack([torch.rand(v, generator=g, device=scores.device) for g in self.generators])
+        return scores - torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
+
+
+class HFGenerator:
+    """transformers ``generate`` in left-padded batches on whatever device the model is on."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, batch_size: int = 64, progress: bool = False):
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size, self.progress = batch_size, progress
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.stop_ids = stop_ids(model, tokenizer)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        n: int = 1,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 128,
+        seed: int = 0,
+    ) -> list[list[Completion]]:
+        lengths = [len(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
+        flat = [i for i in range(len(prompts)) for _ in range(n)]
+        # Longest prompts first: similar lengths share a batch (less padding) and running out of
+        # memory shows up in the first batch rather than the last.
+        order = sorted(range(len(flat)), key=lambda j: -lengths[flat[j]])
+        results: list[Completion | None] = [None] * len(flat)
+        was_training, side = self.model.training, self.tokenizer.padding_side
+        device = self.model.device
+        cuda = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+        self.model.eval()
+        self.tokenizer.padding_side = "left"
+        try:
+            # A private RNG stream: a probe during training must not reset the trainer's sampling RNG.
+            with torch.random.fork_rng(devices=cuda):
+                torch.manual_seed(seed)
+                starts = range(0, len(order), self.batch_size)
+                for start in tqdm(starts, desc="generate", disable=not self.progress, unit="batch"):
+                    chunk = order[start : start + self.batch_size]
+                    texts = [prompts[flat[j]] for j in chunk]
+                    for j, completion in zip(
+                        chunk, self._batch(texts, temperature, top_p, max_new_tokens), strict=True
+                    ):
+                        results[j] = completion
+        finally:
+            self.model.train(was_training)
+            self.tokenizer.padding_side = side
+        return [results[i * n : (i + 1) * n] for i in range(len(prompts))]  # type: ignore[misc]
+
+    def _batch(
+        self, texts: list[str], temperature: float, top_p: float, max_new_tokens: int
+    ) -> list[Completion]:
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = enc.to(self.model.device)
+        sample = temperature > 0
+        out = self.model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=sample,
+            temperature=temperature if sample else None,
+            top_p=top_p if sample else None,
+            top_k=0 if sample else None,  # no top-k cut: the protocol is top-p only
+            pad_token_id=self.pad_id,
+            eos_token_id=self.stop_ids,
+        )
+        generated = out[:, enc["input_ids"].shape[1] :].tolist()
+        kept, truncated = [], []
+        for row in generated:
+            end = next((pos for pos, tok in enumerate(row) if tok in self.stop_ids), None)
+            kept.append(row if end is None else row[: end + 1])
+            # A row without a stop token ran to max_new_tokens: generate only stops early once
+            # every row of the batch has finished.
+            truncated.append(end is None)
+        decoded = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
+        return [Completion(ids, t, cut) for t, ids, cut in zip(decoded, kept, truncated, strict=True)]
+
+    @torch.inference_mode()
+    def sample(
+        self,
+        prefixes: Sequence[Sequence[int]],
+        seeds: Sequence[int],
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 128,
+    ) -> list[Completion]:
+        if len(prefixes) != len(seeds):
+            raise ValueError(f"{len(prefixes)} prefixes but {len(seeds)} seeds")
+        # Longest prefixes first: similar lengths share a batch, and memory trouble shows up early.
+        order = sorted(range(len(prefixes)), key=lambda i: -len(prefixes[i]))
+        out: list[Completion | None] = [None] * len(prefixes)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with tqdm(total=len(order), desc="sample", unit="row", disable=not self.progress) as bar:
+                for start in range(0, len(order), self.batch_size):
+                    chunk = order[start : start + self.batch_size]
+                    rows = self._sample_batch(
+                        [prefixes[i] for i in chunk],
+                        [seeds[i] for i in chunk],
+                        temperature,
+                        top_p,
+                        max_new_tokens,
+                    )
+                    for i, rollout in zip(chunk, rows, strict=True):
+                        out[i] = rollout
+                    bar.update(len(chunk))
+        finally:
+            self.model.train(was_training)
+        return out  # type: ignore[return-value]
+
+    def _sample_batch(
+        self,
+        prefixes: list[Sequence[int]],
+        seeds: list[int],
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+    ) -> list[Completion]:
+        device = self.model.device
+        width = max(len(p) for p in prefixes)
+        ids = torch.full((len(prefixes), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, p in enumerate(prefixes):
+            if p:
+                ids[row, width - len(p) :] = torch.tensor(list(p))
+                mask[row, width - len(p) :] = 1
+        processors = LogitsProcessorList()
+        if temperature > 0:
+            processors.append(GumbelSampling(seeds, temperature, top_p, device))
+        generated = self.model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            logits_processor=processors,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.stop_ids,
+        )[:, width:].tolist()
+        rollouts = []
+        for row in generated:
+            end = next((pos for pos, tok in enumerate(row) if tok in self.stop_ids), None)
+            kept = row if end is None else row[: end + 1]
+            text = self.tokenizer.decode(kept, skip_special_tokens=True)
+            rollouts.append(Completion(kept, text, end is None))
+        return rollouts
+
+
+def stop_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
+    """End-of-sequence ids: the tokenizer's plus the model's (chat models often list several)."""
+    model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, model_eos):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return sorted(ids)
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """Engine settings of the vLLM backend (the config's ``eval.vllm`` section)."""
+
+    dtype: str = "auto"  # weight/activation dtype ("auto": the checkpoint's torch_dtype)
+    gpu_memory_utilization: float = 0.9  # share of GPU memory for weights and KV cache
+    tensor_parallel_size: int = 1  # GPUs one model is split over
+    max_model_len: int | None = None  # prompt + completion tokens (None: the model's own limit)
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any] | None) -> VLLMOptions:
+        return cls(**dict(section or {}))
+
+
+def import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(
+            "eval.backend 'vllm' needs vLLM, which is not installed: install the GPU extra "
+            "(pip install 'rredcot[gpu]') on a machine with a CUDA GPU, or set eval.backend: hf"
+        ) from err
+    return vllm
+
+
+def load_vllm(model_path: str | Path, options: VLLMOptions | None = None, **extra: Any) -> Any:
+    """A ``vllm.LLM`` for a saved model with the configured options (``extra``: more LLM arguments)."""
+    opts = options or VLLMOptions()
+    return import_vllm().LLM(
+        model=str(model_path),
+        dtype=opts.dtype,
+        gpu_memory_utilization=opts.gpu_memory_utilization,
+        tensor_parallel_size=opts.tensor_parallel_size,
+        max_model_len=opts.max_model_len,
+        **extra,
+    )
+
+
+class VLLMGenerator:
+    """vLLM offline inference on a saved model directory (GPU only)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        tokenizer: Any,
+        options: VLLMOptions | None = None,
+        progress: bool = False,
+    ):
+        self.vllm, self.tokenizer, self.progress = import_vllm(), tokenizer, progress
+        # Samples of one exit point (or prompt) share their whole prefix: let vLLM cache it.
+        self.llm = load_vllm(model_path, options, enable_prefix_caching=True)
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        n: int = 1,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 128,
+        seed: int = 0,
+    ) -> list[list[Completion]]:
+        from vllm.inputs import TokensPrompt
+
+        # Token ids from our tokenizer, not text: vLLM would add special tokens (e.g. a second BOS)
+        # to a prompt whose chat template already contains them.
+        ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+        inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in ids]
+        # One seed per prompt, so a problem's samples do not depend on which others share the run.
+        # vLLM seeds the n samples of a request seed, seed + 1, ..., hence the stride n between
+        # prompts; the large factor keeps the seeds of different runs apart.
+        params = [
+            self.vllm.SamplingParams(
+                n=n,
+                temperature=temperature,
+                top_p=top_p if temperature > 0 else 1.0,
+                max_tokens=max_new_tokens,
+                seed=seed * 1_000_003 + i * n,
+            )
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(inputs, params, use_tqdm=self.progress)
+        return [
+            [Completion(list(o.token_ids), o.text, o.finish_reason == "length") for o in out.outputs]
+            for out in outputs
+        ]
+
+    def sample(
+        self,
+        prefixes: Sequence[Sequence[int]],
+        seeds: Sequence[int],
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 128,
+    ) -> list[Completion]:
+        from vllm.inputs import TokensPrompt
+
+        inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prefixes]
+        params = [
+            self.vllm.SamplingParams(
+                n=1,
+                temperature=temperature,
+                top_p=top_p if temperature > 0 else 1.0,
+                max_tokens=max_new_tokens,
+                seed=s,
+                skip_special_tokens=True,
+            )
+            for s in seeds
+        ]
+        outputs = self.llm.generate(inputs, params, use_tqdm=self.progress)
+        return [
+            Completion(list(o.token_ids), o.text, o.finish_reason == "length")
+            for o in (out.outputs[0] for out in outputs)
+        ]
+
+
+def make_generator(
+    backend: str,
+    model_path: str | Path,
+    tokenizer: Any,
+    *,
+    dtype: str = "float32",
+    batch_size: int = 64,
+    options: VLLMOptions | None = None,
+    progress: bool = True,
+) -> Generator:
+    """``hf`` (the saved model loaded in ``dtype``, on the GPU when there is one) or ``vllm`` (with
+    ``options``)."""
+    if backend == "vllm":
+        return VLLMGenerator(model_path, tokenizer, options, progress)
+    if backend != "hf":
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    from rredcot.lm.modeling import load_model
+
+    model = load_model(model_path, dtype)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    return HFGenerator(model, tokenizer, batch_size=batch_size, progress=progress)
+
+
+def device_name() -> str:
+    """The device that runs a study, for captions and logs."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({torch.get_num_threads()} threads)"

@@ -1,0 +1,96 @@
+"""Tokenizers and models: a locally trained tokenizer and small Qwen2 model, or a pretrained checkpoint.
+
+The embedded default cannot download anything, so it trains a byte-level BPE tokenizer on its own
+corpus and builds a small transformer of a real architecture (Qwen2: RoPE, GQA, SwiGLU, RMSNorm). The
+same training code then runs unchanged on pretrained checkpoints selected by the config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+PAD_TOKEN = "<|pad|>"
+EOS_TOKEN = "<|endoftext|>"
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer (lossless round trip of any text) on ``texts``."""
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD_TOKEN, EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
+
+
+def build_scratch_model(
+    tokenizer: PreTrainedTokenizerFast, spec: Mapping[str, Any], seed: int
+) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2 causal LM sized by the config's ``model`` section."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec["hidden_size"],
+        num_hidden_layers=spec["num_layers"],
+        num_attention_heads=spec["num_heads"],
+        num_key_value_heads=spec["num_kv_heads"],
+        intermediate_size=spec["intermediate_size"],
+        max_position_embeddings=spec["max_position_embeddings"],
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """Load a tokenizer saved by this package or a hub checkpoint.
+
+    ``PreTrainedTokenizerFast`` is used directly because ``AutoTokenizer`` may substitute a different
+    tokenizer class for a locally trained one. Left padding suits batched generation.
+    """
+    tok = PreTrainedTokenizerFast.from_pretrained(str(path))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_model(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
+    """Load a causal LM with its weights in ``dtype`` (``model.dtype`` for inference; training loads
+    float32 master weights and computes under autocast)."""
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+
+
+def set_threads(n: int) -> None:
+    """Pin torch's intra-op threads so parallel workflow jobs do not oversubscribe the cores."""
+    torch.set_num_threads(max(1, n))
+
+
+def random_qwen2(vocab: int, hidden: int, layers: int, heads: int, max_positions: int) -> Any:
+    """A randomly initialised Qwen2 causal LM (sdpa attention, half as many KV heads): cost and memory
+    do not depend on the weights. Also the model of ``rredcot bench``."""
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        intermediate_size=hidden * 3,
+        max_position_embeddings=max_positions,
+        attn_implementation="sdpa",
+    )
+    return Qwen2ForCausalLM(config).eval()

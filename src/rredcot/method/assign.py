@@ -1,0 +1,488 @@
+"""From a batch of traces to token coefficients σ: the credit pipeline shared by the trainer and the CLI.
+
+``CreditAssigner.assign`` takes traces as token ids (prompt, completion), their advantage and their
+reference pairs as text, and returns one :class:`TraceCredit` per trace: σ·|o| plus everything it came
+from (segments, exit points, values, thought and answer NLLs, entropies). It knows nothing of TRL:
+``RREDCoTTrainer`` feeds it the generation batch, ``rredcot credit-view`` feeds it a trace file.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+import torch
+
+from rredcot.method import credit as C
+from rredcot.method import segmentation as S
+from rredcot.method.answer_baseline import greedy_answer_log_probs, written_solution
+from rredcot.method.exit_scoring import (
+    ExitStrings,
+    TraceExits,
+    TraceScores,
+    completion_entropies,
+    score_traces_naive,
+)
+from rredcot.method.prefix_scoring import ScoringBudget, score_traces_single_pass, supports_single_pass
+
+_log = logging.getLogger(__name__)
+
+
+DEFAULT_EXIT_STRING = "</think>\n"
+DEFAULT_ANSWER_PREFIX = " \\boxed{"
+DEFAULT_ANSWER_SUFFIX = "}"
+
+
+@dataclass
+class CreditSettings:
+    """How credit is computed, whatever the method: the settings every arm of an experiment shares
+    (the workflow's ``credit`` section has exactly these keys)."""
+
+    mix: float = 0.5
+    """σ = (1-mix)/|o| + mix · (the method's share); 0 gives uniform credit."""
+    segmentation: S.SegmentationConfig = field(default_factory=S.SegmentationConfig)
+    """Keyword/newline pieces, target number of segments, minimum length, homogenize."""
+    group_pairs: bool = False
+    """Add the final solutions of the correct completions of the same group as reference pairs."""
+    proposal: Literal["uniform", "given"] = "uniform"
+    """``uniform`` (q_i = 1/N) or ``given``: the dataset pair's log q from the ``reference_log_q`` column."""
+    value_model: Literal["policy", "reference"] = "policy"
+    """``policy`` (the model that generated the batch) or ``reference`` (a frozen model of the start)."""
+    scorer: Literal["single_pass", "naive"] = "single_pass"
+    """``single_pass`` (shared prefix, tree mask) or ``naive`` (one sequence per exit point)."""
+    answer_baseline: Literal["greedy", "reference"] = "greedy"
+    """What the answer segment's own final solution is compared with at the model's exit: ``greedy``
+    (the solution the value model itself would write there, decoded greedily) or ``reference`` (the
+    reference solution, no decoding). See ``answer_baseline.py``."""
+    budget: ScoringBudget = field(default_factory=ScoringBudget)
+    """Memory bounds of the scoring passes."""
+    view_every: int = 10
+    """Keep credit records of a few traces every this many steps for inspection (0: never)."""
+    view_samples: int = 2
+    """Traces per kept step: alternately one with a negative and one with a positive advantage."""
+
+    def __post_init__(self) -> None:
+        choices = {
+            "proposal": ("uniform", "given"),
+            "value_model": ("policy", "reference"),
+            "scorer": ("single_pass", "naive"),
+            "answer_baseline": ("greedy", "reference"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.proposal == "given" and self.group_pairs:
+            raise ValueError("proposal 'given' covers the dataset pair only; turn group_pairs off")
+        if not 0.0 <= self.mix <= 1.0:
+            raise ValueError(f"mix must lie in [0, 1], got {self.mix}")
+        if self.view_every < 0 or self.view_samples < 1:
+            raise ValueError("view_every must be >= 0 and view_samples >= 1")
+
+
+@dataclass
+class CreditConfig(CreditSettings):
+    """How the sequence advantage is spread over a completion's tokens: a credit method, the shared
+    settings, and the text of an exit (from the prompt format)."""
+
+    method: str = "rredcot"
+    """A registered credit method (``credit.CREDIT_METHODS``): ``uniform``, ``rredcot``, ``entropy``,
+    ``rredcot+entropy``."""
+    exit_string: str = DEFAULT_EXIT_STRING
+    """Text that closes the thinking block at an exit point."""
+    answer_prefix: str = DEFAULT_ANSWER_PREFIX
+    """Text between a reference solution and its answer."""
+    answer_suffix: str = DEFAULT_ANSWER_SUFFIX
+    """Text after the reference answer."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        C.credit_method(self.method)
+        if self.answer_baseline == "greedy" and not self.answer_prefix.strip():
+            raise ValueError("answer_baseline 'greedy' needs a non-blank answer_prefix to end the solution")
+
+    @property
+    def kind(self) -> C.CreditMethod:
+        """The registered method."""
+        return C.credit_method(self.method)
+
+    @classmethod
+    def from_settings(cls, settings: CreditSettings, **rest: Any) -> CreditConfig:
+        """The shared settings plus a method and the exit text."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(CreditSettings)}, **rest)
+
+
+@dataclass
+class TraceCredit:
+    """Credit computed for one completion (kept for logging and inspection)."""
+
+    multiplier: torch.Tensor  # σ·|o| over the completion's tokens
+    segment_starts: list[int] = field(default_factory=list)
+    cuts: list[int] = field(default_factory=list)
+    log_values: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    log_p_solution: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [n_cuts, N]
+    log_p_answer: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    entropies: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    answer_reward: float | None = None  # r̂ of the answer segment after the model's own exit
+    baseline_solution: list[int] | None = None  # greedy solution at the exit (answer_baseline greedy)
+
+
+@dataclass
+class TraceInput:
+    """One trace to assign credit to."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    advantage: float
+    pairs: list[tuple[str, str]]  # reference (solution, answer) texts; the dataset pair first
+    log_q: torch.Tensor | None = None  # [N] log proposal probabilities (None: uniform)
+    utility: torch.Tensor | None = None  # [N] utilities (None: all 1)
+
+
+class CreditAssigner:
+    """Computes σ for batches of traces with a tokenizer and a :class:`CreditConfig`."""
+
+    def __init__(self, tokenizer: Any, config: CreditConfig) -> None:
+        self.tok = tokenizer
+        self.cfg = config
+        self._token_text: dict[int, str] = {}
+        self._encoded: dict[str, list[int]] = {}
+        self._warned_naive = False
+
+    def encode(self, text: str) -> list[int]:
+        if text not in self._encoded:
+            self._encoded[text] = self.tok(text, add_special_tokens=False)["input_ids"]
+        return self._encoded[text]
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Decoded text of each token (cached per id: decoding one by one is slow)."""
+        missing = [t for t in set(ids) if t not in self._token_text]
+        if missing:
+            texts = self.tok.batch_decode([[t] for t in missing])
+            self._token_text.update(zip(missing, texts, strict=True))
+        return [self._token_text[t] for t in ids]
+
+    def baseline_text(self, credit: TraceCredit) -> str | None:
+        """The greedy final solution a trace's answer segment was judged against, as text."""
+        if credit.baseline_solution is None:
+            return None
+        return "".join(self.token_texts(credit.baseline_solution))
+
+    def strings(self) -> ExitStrings:
+        c = self.cfg
+        return ExitStrings(
+            self.encode(c.exit_string), self.encode(c.answer_prefix), self.encode(c.answer_suffix)
+        )
+
+    def final_solution(self, text: str) -> tuple[str, str] | None:
+        """(solution, answer) written after the last exit string of a completion, if well formed."""
+        c = self.cfg
+        at = text.rfind(c.exit_string)
+        if at < 0:
+            return None
+        rest = text[at + len(c.exit_string) :]
+        a = rest.rfind(c.answer_prefix)
+        b = rest.rfind(c.answer_suffix) if c.answer_suffix else len(rest)
+        if a < 0 or b < a + len(c.answer_prefix):
+            return None
+        return rest[:a], rest[a + len(c.answer_prefix) : b]
+
+    # -- the pipeline ----------------------------------------------------------------------------
+    def assign(
+        self, policy: torch.nn.Module, items: list[TraceInput], value_model: torch.nn.Module | None = None
+    ) -> list[TraceCredit]:
+        """σ for every trace. ``policy`` supplies entropies; ``value_model`` (default: the policy) scores.
+
+        Models are used as given (the caller puts them in eval mode); nothing needs gradients.
+        """
+        cfg, budget = self.cfg, self.cfg.budget
+        if not items:
+            return []
+        method = cfg.kind
+        if method.uniform:
+            return [TraceCredit(torch.ones(len(t.completion_ids)), _one_segment(t)) for t in items]
+        pairs_of = [(t.prompt_ids, t.completion_ids) for t in items]
+        if method.segment_rewards is None:  # token weighting alone: one forward pass, no scoring
+            ents = completion_entropies(policy, pairs_of, budget)
+            return [
+                TraceCredit(
+                    method.multiplier(len(t.completion_ids), t.advantage, cfg.mix, entropies=h),
+                    _one_segment(t),
+                    entropies=h,
+                )
+                for t, h in zip(items, ents, strict=True)
+            ]
+
+        eos = self.tok.eos_token_id
+        texts = [self.token_texts(t.completion_ids) for t in items]
+        # Exit points lie in the thinking part only; the last one is where the model itself exits.
+        # The answer after it is one more segment (see _trace_credit).
+        ends = [S.thinking_end(tx, cfg.exit_string) for tx in texts]
+        starts: dict[int, list[int]] = {}
+
+        def cuts_for(j: int, entropies: torch.Tensor) -> list[int]:
+            completion, end = items[j].completion_ids, ends[j]
+            if end is not None:
+                starts[j] = S.segment_trace(texts[j][:end], entropies[:end].tolist(), cfg.segmentation)
+                return S.exit_cuts(starts[j], end) if end > 0 else [0]
+            # No exit of its own (e.g. cut off at the length limit): the final exit follows the whole
+            # trace but not its EOS (nothing is read after EOS, and a segment never starts at the EOS:
+            # it joins the last segment), so cuts stay increasing.
+            found = S.segment_trace(texts[j], entropies.tolist(), cfg.segmentation)
+            scored = len(completion) - 1 if completion and completion[-1] == eos else len(completion)
+            starts[j] = [s for s in found if s < scored] or [0]
+            return [min(c, scored) for c in S.exit_cuts(starts[j], len(completion))]
+
+        specs = [
+            TraceExits(
+                t.prompt_ids,
+                t.completion_ids,
+                None,
+                [(self.encode(u) if u else [], self.encode(y)) for u, y in t.pairs],
+                self._own_answer_cut(t.completion_ids, texts[j], ends[j]),
+            )
+            for j, t in enumerate(items)
+        ]
+        value_model = value_model if value_model is not None else policy
+        ents = None
+        if value_model is not policy:
+            # Segment by the policy's entropies, score with the frozen value model.
+            ents = completion_entropies(policy, pairs_of, budget)
+            specs = [
+                TraceExits(s.prompt_ids, s.completion_ids, cuts_for(j, ents[j]), s.pairs, s.answer_cut)
+                for j, s in enumerate(specs)
+            ]
+        if self._single_pass(value_model):
+            scores = score_traces_single_pass(value_model, specs, self.strings(), budget, cuts_for)
+        else:
+            scores = score_traces_naive(value_model, specs, self.strings(), budget, cuts_for)
+        if ents is not None:
+            scores = [
+                TraceScores(
+                    sc.cuts, sc.log_p_solution, sc.log_p_answer, ents[j], sc.log_p_own_answer, sc.greedy_ids
+                )
+                for j, sc in enumerate(scores)
+            ]
+        baselines = [None] * len(items)
+        if cfg.answer_baseline == "greedy":
+            baselines = self._greedy_baselines(value_model, items, texts, ends, specs, scores)
+        return [
+            self._trace_credit(items[j], starts[j], ends[j], sc, baselines[j]) for j, sc in enumerate(scores)
+        ]
+
+    def _greedy_baselines(
+        self,
+        model: torch.nn.Module,
+        items: list[TraceInput],
+        texts: list[list[str]],
+        ends: list[int | None],
+        specs: list[TraceExits],
+        scores: list[TraceScores],
+    ) -> list[_Baseline | None]:
+        """Per trace with an answer segment: its greedy final solution and log p(y_ref | it, s_e).
+
+        The solution starts after the token holding the end of the model's own exit string. The
+        scoring pass already knows the model's most likely token at every completion position, so
+        as long as the trace follows it, greedy decoding would write the trace's own tokens: a trace
+        whose whole final solution (up to its answer prefix) does so is faithful and needs no decoding.
+        The others decode from their first departure; identical heads with the same answer decode once.
+        """
+        needle = self.cfg.answer_prefix.strip()
+        exit_needle = self.cfg.exit_string.strip()
+        eos = self.tok.eos_token_id
+
+        def stop_at(solution: list[int]) -> int | None:
+            return S.find_text(self.token_texts(solution), needle)
+
+        starts = {
+            j: _exit_end(texts[j], ends[j], exit_needle)
+            for j, spec in enumerate(specs)
+            if ends[j] is not None and spec.answer_cut is not None
+        }
+        out: list[_Baseline | None] = [None] * len(items)
+        if not starts:
+            return out
+        # Room for a solution twice the longest own one: a greedy solution that has not ended by
+        # then is cut there and the answer forced after it.
+        max_new = 2 * max(max(specs[j].answer_cut - start for j, start in starts.items()), 1) + 8
+        jobs: dict[tuple[tuple[int, ...], tuple[int, ...], int], list[int]] = {}
+        owns = {j: items[j].completion_ids[start : specs[j].answer_cut] for j, start in starts.items()}
+        for j, start in starts.items():
+            completion, greedy, own = items[j].completion_ids, scores[j].greedy_ids, owns[j]
+            agree = start
+            while agree < len(completion) and int(greedy[agree]) == completion[agree]:
+                agree += 1
+            written = written_solution(completion[start:agree], stop_at, {eos}, max_new)
+            if written == own:
+                out[j] = _Baseline(float(scores[j].log_p_own_answer), own, True)
+                continue
+            # Decode from the first departure; if greedy decoding would already have ended before
+            # it (rare: an earlier answer prefix or EOS), from the start of the solution.
+            resume = agree if written is None else start
+            head = (*items[j].prompt_ids, *completion[:resume])
+            key = (head, tuple(specs[j].pairs[0][1]), len(items[j].prompt_ids) + start)
+            jobs.setdefault(key, []).append(j)
+        if not jobs:
+            return out
+        keys = list(jobs)
+        log_p, solutions = greedy_answer_log_probs(
+            model,
+            [list(k[0]) for k in keys],
+            [list(k[1]) for k in keys],
+            self.encode(self.cfg.answer_prefix),
+            self.encode(self.cfg.answer_suffix),
+            stop_at,
+            [eos],
+            max_new,
+            solution_starts=[k[2] for k in keys],
+            budget=self.cfg.budget,
+        )
+        for k, lp, solution in zip(keys, log_p.tolist(), solutions, strict=True):
+            for j in jobs[k]:
+                out[j] = _Baseline(lp, solution, owns[j] == solution)
+        return out
+
+    def _single_pass(self, model: torch.nn.Module) -> bool:
+        """Whether to score with the single-pass scorer: configured, and the model supports it.
+
+        A model whose cache cannot be cut at an exit point (sliding-window, linear-attention or
+        state-space layers) or whose attention ignores 4D masks is scored naively, said once."""
+        if self.cfg.scorer != "single_pass":
+            return False
+        if supports_single_pass(model):
+            return True
+        if not self._warned_naive:
+            impl = getattr(model.config, "_attn_implementation", None)
+            _log.warning(
+                "single-pass scoring needs eager or sdpa attention and a plain key/value cache in every "
+                "layer; %s (attention %r) has neither or not both, so its exit points are scored naively "
+                "(one sequence per exit point: same values, about K/2 times the tokens)",
+                type(model).__name__,
+                impl,
+            )
+            self._warned_naive = True
+        return False
+
+    def _own_answer_cut(self, completion: list[int], texts: list[str], end: int | None) -> int | None:
+        """Where the model's own final solution ends: its last answer prefix after the exit, else the
+        end of the trace before its EOS. None when the model never exits (no answer segment)."""
+        if end is None or end >= len(completion):
+            return None
+        needle = self.cfg.answer_prefix.strip() or self.cfg.answer_prefix
+        box = S.find_text(texts, needle, start=end, last=True) if needle else None
+        if box is not None:
+            return box
+        eos = self.tok.eos_token_id
+        return len(completion) - 1 if completion[-1] == eos else len(completion)
+
+    def _trace_credit(
+        self,
+        item: TraceInput,
+        starts: list[int],
+        answer_at: int | None,
+        scores: TraceScores,
+        baseline: _Baseline | None = None,
+    ) -> TraceCredit:
+        n = len(item.completion_ids)
+        log_v = C.exit_log_values(scores.log_p_solution, scores.log_p_answer, item.log_q, item.utility)
+        rewards = C.segment_rewards(log_v)
+        answer_reward = None
+        if answer_at is not None and answer_at < n:
+            # The answer segment's reward compares how well the model's own final solution and a
+            # baseline solution, both read at the model's exit, lead to the reference answer:
+            # r̂ = log p(y | own solution, s_e) - log p(y | baseline, s_e). Both are answer NLLs, so
+            # no solution's (large) likelihood leaks into it. With the greedy baseline a faithful
+            # solution (the one the model expects to write there) gets 0 and a slip the blame; with
+            # the reference solution a faithful copy of a wrong thought is blamed too.
+            starts = [*starts, answer_at]
+            if baseline is None:
+                answer_reward = float(scores.log_p_own_answer - scores.log_p_answer[-1, 0])
+            elif baseline.is_own:  # the same text scored twice: exactly 0, not float round-off
+                answer_reward = 0.0
+            else:
+                answer_reward = float(scores.log_p_own_answer) - baseline.log_p_answer
+            answer_reward = max(answer_reward, C.LOG_VALUE_FLOOR)
+            rewards = torch.cat([rewards, rewards.new_tensor([answer_reward])])
+        ids = S.segment_ids_from_starts(starts, n)
+        ents = scores.entropies if self.cfg.kind.token_weights == "entropy" else None
+        mult = self.cfg.kind.multiplier(n, item.advantage, self.cfg.mix, ids, rewards, ents)
+        return TraceCredit(
+            mult,
+            starts,
+            scores.cuts,
+            log_v,
+            scores.log_p_solution,
+            scores.log_p_answer,
+            scores.entropies,
+            answer_reward,
+            baseline.solution if baseline is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class _Baseline:
+    """The greedy final solution at a trace's exit and how well it leads to the reference answer."""
+
+    log_p_answer: float  # log p(y_ref | greedy solution, s_e)
+    solution: list[int]
+    is_own: bool  # the trace's own final solution is exactly this one
+
+
+def _exit_end(texts: list[str], begin: int, needle: str) -> int:
+    """Index after the token holding the last character of ``needle``, which begins in ``texts[begin]``."""
+    at = "".join(texts[begin:]).find(needle)
+    if at < 0:
+        raise ValueError(f"exit string {needle!r} not found from token {begin}")
+    end, total = at + len(needle), 0
+    for i, text in enumerate(texts[begin:]):
+        total += len(text)
+        if total >= end:
+            return begin + i + 1
+    return len(texts)
+
+
+def _one_segment(item: TraceInput) -> list[int]:
+    """Segment starts of a method without segments: the whole trace is one segment."""
+    return [0] if item.completion_ids else []
+
+
+def credit_record(
+    tokens: list[str],
+    credit: TraceCredit,
+    method: str,
+    step: int | None,
+    trace_id: str,
+    prompt: str,
+    answer: str,
+    advantage: float,
+    reward: float | None = None,
+    baseline_text: str | None = None,
+) -> dict[str, Any]:
+    """A JSON-ready description of one trace's credit (the input of ``rredcot.viz.credit_view``)."""
+
+    def finite(x: torch.Tensor) -> list[float | None]:
+        return [float(v) if math.isfinite(float(v)) else None for v in x.flatten().tolist()]
+
+    n = len(tokens)
+    sigma = (credit.multiplier[:n].double() / max(n, 1)).tolist()
+    first = (lambda t: -t[:, 0]) if credit.log_p_solution.dim() == 2 else (lambda t: t)
+    return {
+        "trace_id": trace_id,
+        "step": step,
+        "method": method,
+        "prompt": prompt,
+        "answer": answer,
+        "reward": reward if reward is not None else float(advantage > 0),
+        "advantage": advantage,
+        "tokens": tokens,
+        "sigma": sigma,
+        "segment_starts": list(credit.segment_starts),
+        "cuts": list(credit.cuts),
+        "log_values": finite(credit.log_values),
+        "thought_nll": finite(first(credit.log_p_solution)) if credit.log_p_solution.numel() else [],
+        "answer_nll": finite(first(credit.log_p_answer)) if credit.log_p_answer.numel() else [],
+        "entropies": [float(h) for h in credit.entropies.tolist()],
+        "answer_reward": credit.answer_reward,
+        "answer_baseline": baseline_text,
+    }

@@ -1,0 +1,387 @@
+"""Pure-torch core of RREDCoT credit assignment (docs/METHOD-NOTES.md), and the registry of credit
+methods.
+
+The pipeline for one trace is::
+
+    token texts + token entropies --piece_starts / merge_pieces--> segments
+    segments --exit_cuts--> exit points --(teacher forcing, exit_scoring.py)--> log p(u|s), log p(y|u,s)
+    --pr_log_value--> log v̂ per exit point --segment_rewards--> r̂_k --token_multiplier--> σ_t · |o|
+
+Exit-point convention
+---------------------
+For K segments with start indices ``b_0 = 0 < b_1 < … < b_{K-1}`` in a completion of length L the
+K+1 exit points are the cut positions ``[b_0, b_1, …, b_{K-1}, L]`` (``exit_cuts``): exit 0 lies right
+after the prompt (before any thinking), the last one after the whole completion. The model "exits"
+at cut c by reading ``completion[:c]`` followed by the exit string. Segment k spans tokens
+``[cut_k, cut_{k+1})`` and earns ``r̂_k = log v̂(cut_{k+1}) - log v̂(cut_k)``.
+
+Values are handled in log space throughout: the probability of a whole reference solution is far
+below float range, but differences of log values are well behaved. Nothing here needs gradients;
+every public function runs under ``torch.no_grad``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+# Log values are clamped here before differencing, so that an exit point whose value is exactly 0
+# (every utility 0, or a probability that underflowed) yields a large but finite reward instead of
+# ±inf or NaN (-inf - -inf). Two such exit points in a row then differ by exactly 0.
+LOG_VALUE_FLOOR: float = -1.0e4
+
+# A trace whose total signed credit Σ g_k (in nats) is at most this has nothing to redistribute.
+MIN_TOTAL_CREDIT: float = 1.0e-8
+
+
+# --------------------------------------------------------------------------------------------------
+# Values and segment rewards (section 2.2)
+# --------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def pr_log_value(
+    log_p_solution: Tensor | float,
+    log_p_answer: Tensor | float,
+    log_q: Tensor | float,
+    utility: Tensor | float,
+) -> Tensor:
+    """log v̂ of the PR-style importance-sampling estimate over the last dimension (N pairs).
+
+    ``log v̂ = logsumexp_i(log p(u_i|s) + log p(y_i|u_i,s) - log q_i + log ζ_i) - log N``. Inputs
+    broadcast against each other (e.g. [exit points, N] with [N]). Pairs with utility 0 contribute
+    nothing (log 0 = -inf drops out of the logsumexp); the result is -inf when every utility is 0.
+    Computed and returned in float64, since log-probabilities of whole solutions reach the hundreds.
+    """
+    tensors = [
+        torch.as_tensor(x, dtype=torch.float64) for x in (log_p_solution, log_p_answer, log_q, utility)
+    ]
+    lps, lpa, lq, zeta = torch.broadcast_tensors(*tensors)
+    if lps.dim() == 0 or lps.shape[-1] == 0:
+        raise ValueError("the last dimension must index the N >= 1 reference pairs")
+    if (zeta < 0).any() or zeta.isnan().any():
+        raise ValueError("utilities must be non-negative")
+    log_zeta = torch.where(zeta > 0, zeta.log(), torch.full_like(zeta, -math.inf))
+    # A zero-utility pair may carry log p = -inf too; mask it so that no inf - inf can appear.
+    terms = torch.where(zeta > 0, lps + lpa - lq + log_zeta, torch.full_like(zeta, -math.inf))
+    return torch.logsumexp(terms, dim=-1) - math.log(terms.shape[-1])
+
+
+@torch.no_grad()
+def pr_value(
+    log_p_solution: Tensor | float,
+    log_p_answer: Tensor | float,
+    log_q: Tensor | float,
+    utility: Tensor | float,
+) -> Tensor:
+    """The PR-style estimate v̂ as a probability (float64); see ``pr_log_value``."""
+    return pr_log_value(log_p_solution, log_p_answer, log_q, utility).exp()
+
+
+@torch.no_grad()
+def segment_rewards(log_values: Tensor) -> Tensor:
+    """Segment rewards ``r̂_k = log v̂(exit k+1) - log v̂(exit k)`` from K+1 log values (last dim).
+
+    Log values are clamped at ``LOG_VALUE_FLOOR`` first: a value of exactly 0 (log -inf) then gives a
+    large finite reward rather than ±inf, and two consecutive zero values give exactly 0, not NaN.
+    """
+    log_values = torch.as_tensor(log_values)
+    if log_values.isnan().any():
+        raise ValueError("log values contain NaN")
+    if log_values.dim() == 0 or log_values.shape[-1] < 1:
+        raise ValueError("need at least one exit point along the last dimension")
+    return torch.diff(log_values.clamp_min(LOG_VALUE_FLOOR), dim=-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Token coefficient σ (section 2.4)
+# --------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def token_multiplier(
+    segment_ids: Tensor,
+    segment_rewards: Tensor,
+    advantage: float | Tensor,
+    mix: float = 0.5,
+    token_weights: Tensor | None = None,
+) -> Tensor:
+    """Per-token factor ``σ_t · |o|`` for one trace (float32; 0 on padding, where segment id is -1).
+
+    A trainer multiplies the trace's advantage by it. Segment weights follow the sign of the
+    outcome: ``g_k = max(r̂_k, 0)`` for a positive advantage, ``max(-r̂_k, 0)`` for a negative one,
+    ``w_k = g_k / Σ g``. Segments without tokens in ``segment_ids`` get no weight (their credit could
+    not be paid out). ``w_k`` is spread over segment k uniformly or in proportion to the
+    non-negative ``token_weights`` (uniformly within a segment whose weights sum to 0), then mixed
+    with uniform credit: ``σ_t = (1 - mix)/|o| + mix · w_k · share_t``.
+
+    When there is nothing to redistribute (advantage 0, mix 0, or ``Σ g <= MIN_TOTAL_CREDIT``) the
+    result is exactly 1.0 on every token, so uniform credit reproduces GRPO bit for bit.
+    """
+    ids = torch.as_tensor(segment_ids)
+    rewards = torch.as_tensor(segment_rewards, dtype=torch.float64, device=ids.device).flatten()
+    adv = float(advantage)
+    if ids.dim() != 1:
+        raise ValueError("segment_ids must be one-dimensional (one trace)")
+    if not 0.0 <= mix <= 1.0:
+        raise ValueError(f"mix must lie in [0, 1], got {mix}")
+    if math.isnan(adv) or not torch.isfinite(rewards).all():
+        raise ValueError("advantage and segment rewards must be finite")
+    mask = ids >= 0
+    if (ids >= rewards.numel()).any():
+        raise ValueError(f"segment ids exceed the {rewards.numel()} segment rewards")
+
+    out = mask.to(torch.float32)  # exactly 1.0 on tokens: the uniform / GRPO case
+    n_tokens = int(mask.sum())
+    if n_tokens == 0 or adv == 0.0 or mix == 0.0:
+        return out
+
+    seg = ids[mask]
+    counts = torch.bincount(seg, minlength=rewards.numel()).to(torch.float64)
+    gain = (rewards if adv > 0 else -rewards).clamp_min(0.0)
+    gain = torch.where(counts > 0, gain, torch.zeros_like(gain))
+    # Normalise by the largest gain first so that huge rewards cannot overflow the sum.
+    top = float(gain.max())
+    if float(gain.sum()) <= MIN_TOTAL_CREDIT or top == 0.0:
+        return out
+    scaled = gain / top
+    seg_weight = scaled / scaled.sum()
+
+    # Share of each token within its segment: uniform, or proportional to its token weight.
+    share = 1.0 / counts[seg]
+    if token_weights is not None:
+        tw = torch.as_tensor(token_weights, dtype=torch.float64, device=ids.device)
+        if tw.shape != ids.shape or not torch.isfinite(tw).all():
+            raise ValueError("token_weights must be finite and shaped like segment_ids")
+        # Clamp tiny negative round-off (entropies computed as -Σ p log p can dip below 0).
+        tw = tw[mask].clamp_min(0.0)
+        tw_sum = torch.zeros_like(counts).index_add_(0, seg, tw)
+        seg_sum = tw_sum[seg]
+        share = torch.where(seg_sum > 0, tw / torch.where(seg_sum > 0, seg_sum, 1.0), share)
+
+    sigma = (1.0 - mix) / n_tokens + mix * seg_weight[seg] * share
+    out[mask] = (sigma * n_tokens).to(torch.float32)
+    return out
+
+
+@torch.no_grad()
+def token_sigma(
+    segment_ids: Tensor,
+    segment_rewards: Tensor,
+    advantage: float | Tensor,
+    mix: float = 0.5,
+    token_weights: Tensor | None = None,
+) -> Tensor:
+    """Token coefficient σ of one trace: ``token_multiplier(...) / |o|``.
+
+    Non-negative, finite, sums to 1 over the non-padding tokens (0 on padding), and exactly
+    ``1/|o|`` when there is nothing to redistribute.
+    """
+    multiplier = token_multiplier(segment_ids, segment_rewards, advantage, mix, token_weights)
+    n_tokens = int((torch.as_tensor(segment_ids) >= 0).sum())
+    return multiplier / max(n_tokens, 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Token entropies (section 3b)
+# --------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def token_entropies(logits: Tensor) -> Tensor:
+    """Predictive entropy in bits over the last (vocab) dimension, computed in float32.
+
+    Uses log_softmax for stability; entries with probability 0 (e.g. logits of -inf) contribute 0
+    instead of 0 · -inf = NaN.
+    """
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    p = log_p.exp()
+    plogp = torch.where(p > 0, p * log_p, torch.zeros_like(p))
+    return (-plogp.sum(dim=-1) / math.log(2.0)).clamp_min(0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Credit methods: one entry point for every way of spreading a trace's advantage over its tokens
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CreditMethod:
+    """One way of spreading a trace's advantage over its tokens (σ), looked up by name.
+
+    A method is described by where its segment rewards come from and how it weights tokens, so that
+    the credit pipeline (``rredcot.method.assign``) and the TRL adapter ask it what to compute
+    instead of comparing names. Every method gives non-negative, finite σ summing to 1 per trace.
+    """
+
+    name: str
+    segment_rewards: Literal["exit_values"] | None
+    """Source of segment rewards: ``exit_values`` (teacher-forced exit-point values, RREDCoT) or
+    None (no segments: the whole trace is one)."""
+    token_weights: Literal["entropy"] | None
+    """Within a segment (or the trace), weight tokens by the policy's entropy, or uniformly (None)."""
+    description: str
+
+    @property
+    def uniform(self) -> bool:
+        """σ = 1/|o| (stock GRPO): nothing to compute, TRL's advantages stay as they are."""
+        return self.segment_rewards is None and self.token_weights is None
+
+    @property
+    def needs_exit_values(self) -> bool:
+        return self.segment_rewards == "exit_values"
+
+    @property
+    def needs_entropies(self) -> bool:
+        """Entropies are read for segmentation or for token weighting."""
+        return not self.uniform
+
+    @torch.no_grad()
+    def multiplier(
+        self,
+        n_tokens: int,
+        advantage: float,
+        mix: float = 0.5,
+        segment_ids: Tensor | None = None,
+        segment_rewards: Tensor | None = None,
+        entropies: Tensor | None = None,
+    ) -> Tensor:
+        """``σ_t · |o|`` (float32, length ``n_tokens``) of one trace; exactly 1.0 for uniform."""
+        if self.uniform or n_tokens == 0:
+            return torch.ones(n_tokens, dtype=torch.float32)
+        if entropies is not None and torch.as_tensor(entropies).numel() != n_tokens:
+            raise ValueError(f"{torch.as_tensor(entropies).numel()} entropies for {n_tokens} tokens")
+        if self.token_weights == "entropy" and entropies is None:
+            raise ValueError(f"credit method {self.name!r} needs token entropies")
+        if self.segment_rewards is None:
+            return entropy_multiplier(entropies, mix)
+        if segment_ids is None or segment_rewards is None:
+            raise ValueError(f"credit method {self.name!r} needs segment ids and segment rewards")
+        if torch.as_tensor(segment_ids).numel() != n_tokens:
+            raise ValueError("segment_ids must have one entry per token")
+        weights = None if self.token_weights is None else torch.as_tensor(entropies, dtype=torch.float64)
+        return token_multiplier(segment_ids, segment_rewards, advantage, mix, token_weights=weights)
+
+
+CREDIT_METHODS: dict[str, CreditMethod] = {}
+"""The registry of credit methods, by name (``register_credit_method`` adds one)."""
+
+
+def register_credit_method(method: CreditMethod) -> CreditMethod:
+    """Add a credit method to the registry (its name must be new)."""
+    if method.name in CREDIT_METHODS:
+        raise ValueError(f"credit method {method.name!r} is registered already")
+    CREDIT_METHODS[method.name] = method
+    return method
+
+
+def credit_method(name: str) -> CreditMethod:
+    """The registered credit method called ``name``."""
+    try:
+        return CREDIT_METHODS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown credit method {name!r}; expected one of {', '.join(CREDIT_METHODS)}"
+        ) from None
+
+
+register_credit_method(CreditMethod("uniform", None, None, "σ = 1/|o|: GRPO's uniform spread."))
+register_credit_method(
+    CreditMethod(
+        "rredcot",
+        "exit_values",
+        None,
+        "Segment rewards from teacher-forced exit-point values, spread uniformly within a segment.",
+    )
+)
+register_credit_method(
+    CreditMethod(
+        "entropy",
+        None,
+        "entropy",
+        "Token-entropy weighting of the whole trace (docs/METHOD-NOTES.md, note 9).",
+    )
+)
+register_credit_method(
+    CreditMethod(
+        "rredcot+entropy",
+        "exit_values",
+        "entropy",
+        "RREDCoT's segment shares spread over each segment's tokens by entropy.",
+    )
+)
+
+
+def needs_exit_values(method: str) -> bool:
+    """Whether a credit method needs exit-point values (teacher-forced scoring)."""
+    return credit_method(method).needs_exit_values
+
+
+def needs_entropies(method: str) -> bool:
+    """Whether a credit method reads token entropies (segmentation or token weighting)."""
+    return credit_method(method).needs_entropies
+
+
+@torch.no_grad()
+def entropy_multiplier(entropies: Tensor, mix: float = 0.5) -> Tensor:
+    """``σ_t · |o|`` of entropy weighting: ``σ_t = (1 - mix)/|o| + mix · H_t / Σ_s H_s`` (float32).
+
+    **[decision]** The method multiplies the step advantage per token by "a normalised function of the
+    entropy" without fixing it; normalising by the trace's total entropy keeps Σσ = 1, so the method
+    stays return-equivalent and comparable with the others. The weighting ignores the advantage's sign:
+    uncertain tokens carry the outcome either way. All-zero entropies give exactly uniform credit.
+    """
+    h = torch.as_tensor(entropies, dtype=torch.float64).flatten()
+    if not 0.0 <= mix <= 1.0:
+        raise ValueError(f"mix must lie in [0, 1], got {mix}")
+    if not torch.isfinite(h).all():
+        raise ValueError("entropies must be finite")
+    h = h.clamp_min(0.0)
+    n = h.numel()
+    total = float(h.sum())
+    if n == 0 or mix == 0.0 or total <= 0.0:
+        return torch.ones(n, dtype=torch.float32)
+    sigma = (1.0 - mix) / n + mix * h / total
+    return (sigma * n).to(torch.float32)
+
+
+def credit_multiplier(
+    method: str,
+    n_tokens: int,
+    advantage: float,
+    mix: float = 0.5,
+    segment_ids: Tensor | None = None,
+    segment_rewards: Tensor | None = None,
+    entropies: Tensor | None = None,
+) -> Tensor:
+    """``σ_t · |o|`` (float32, length ``n_tokens``) of one trace under the named credit method
+    (:meth:`CreditMethod.multiplier`): methods with segment rewards need ``segment_ids`` and
+    ``segment_rewards``, entropy-weighted ones ``entropies`` (bits, one per token)."""
+    return credit_method(method).multiplier(n_tokens, advantage, mix, segment_ids, segment_rewards, entropies)
+
+
+@torch.no_grad()
+def exit_log_values(
+    log_p_solution: Tensor,
+    log_p_answer: Tensor,
+    log_q: Tensor | None = None,
+    utility: Tensor | None = None,
+) -> Tensor:
+    """log v̂ at each exit point from scores of shape [n_exits, N] (float64, shape [n_exits]).
+
+    ``log_q`` (shape [N]) defaults to the uniform proposal ``q_i = 1/N``; ``utility`` (shape [N])
+    defaults to 1 for every pair (reference pairs are correct by construction).
+    """
+    lps = torch.as_tensor(log_p_solution, dtype=torch.float64)
+    if lps.dim() != 2 or lps.shape[1] < 1:
+        raise ValueError("scores must have shape [n_exits, N >= 1]")
+    n = lps.shape[1]
+    if log_q is None:
+        log_q = torch.full((n,), -math.log(n), dtype=torch.float64)
+    if utility is None:
+        utility = torch.ones(n, dtype=torch.float64)
+    return pr_log_value(lps, log_p_answer, log_q, utility)

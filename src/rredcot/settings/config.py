@@ -1,0 +1,591 @@
+"""The experiment configuration: one typed tree, the only place any setting's default is written.
+
+Each config section is a dataclass; the sections that configure the method itself are the method's
+own classes (``CreditSettings``, ``SegmentationConfig``, ``ScoringBudget`` from ``rredcot.method``,
+``TaskConfig`` and ``CleanSettings`` from ``rredcot.data``), so a library user and the workflow read
+the same defaults. Everything else derives from this tree: validation (:func:`load_config`), the
+JSON schema (``src/rredcot/schemas/config.schema.yaml``), the embedded default ``config/config.yaml``
+and ``config/README.md`` (both written by ``rredcot config``, and checked by a test to be current).
+
+Configs are layered: later files override earlier ones key by key, and the defaults sit under all
+of them, so ``config/smoke.yaml`` only names what it shrinks. Stages get the validated config as
+plain nested dicts, shaped exactly like the tree.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from rredcot.data.cleaning import CleanSettings
+from rredcot.data.synthetic import TaskConfig
+from rredcot.infra.typed import SettingsError, at_least, build, json_schema, to_dict, within
+from rredcot.method.assign import (
+    DEFAULT_ANSWER_PREFIX,
+    DEFAULT_ANSWER_SUFFIX,
+    DEFAULT_EXIT_STRING,
+    CreditConfig,
+    CreditSettings,
+)
+from rredcot.method.credit import CREDIT_METHODS
+
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+
+
+class ConfigError(ValueError):
+    """A configuration that does not fit the settings tree; the message names the bad key."""
+
+
+@dataclass
+class Threads:
+    """Torch CPU threads per job, by stage. They do not change what a job computes, so changing
+    them reruns nothing."""
+
+    sft: int = field(default=1, metadata=at_least(1))
+    """SFT job (1 thread gives bit-reproducible SFT on the embedded default)."""
+    train: int = field(default=1, metadata=at_least(1))
+    """Each training process (RL jobs run two at a time with --cores 2)."""
+    eval: int = field(default=1, metadata=at_least(1))
+    """Evaluation jobs."""
+
+
+@dataclass
+class Arm:
+    """One training arm: a credit method under a TRL loss type."""
+
+    credit: str = field(metadata={"enum": tuple(CREDIT_METHODS)})
+    """How the sequence advantage is spread over tokens: uniform (stock GRPO, 1/|o|), rredcot (segment
+    rewards from exit-point values), entropy (token-entropy weighting), rredcot+entropy (segment shares
+    spread over tokens by entropy)."""
+    loss_type: LossType = "grpo"
+    """TRL loss normaliser; grpo is the sequence mean (σ = 1/|o|)."""
+    label: str | None = None
+    """Column name in tables and figures (default: the arm's name)."""
+    credit_options: dict[str, Any] = field(default_factory=dict)
+    """This arm's overrides of the credit section (same keys, e.g. {mix: 0.8})."""
+
+
+def _default_arms() -> dict[str, Arm]:
+    return {
+        # Credit methods under TRL's sequence-mean loss (σ sums to 1 per trace) ...
+        "grpo": Arm("uniform", "grpo", "GRPO"),
+        "rredcot": Arm("rredcot", "grpo", "RREDCoT"),
+        "entropy": Arm("entropy", "grpo", "Entropy"),
+        "rredcot_entropy": Arm("rredcot+entropy", "grpo", "RREDCoT+Entropy"),
+        # ... and TRL's other normalisers with uniform credit: the baselines that break Σσ = 1.
+        "bnpo": Arm("uniform", "bnpo", "BNPO"),
+        "dr_grpo": Arm("uniform", "dr_grpo", "Dr.GRPO"),
+        "dapo": Arm("uniform", "dapo", "DAPO"),
+    }
+
+
+@dataclass
+class Data:
+    """Where the problems come from."""
+
+    kind: Literal["synthetic", "datasets"] = "synthetic"
+    """synthetic: generate the sft/rl/test splits of the arithmetic task (data.synthetic). datasets:
+    fetch real math datasets (train, heldout, benchmarks) through the registry."""
+    registry: str = "config/datasets.yaml"
+    """Dataset registry file (name -> dataset spec; rredcot.data.registry lists the spec keys)."""
+    root: str = "."
+    """Base folder of relative local paths in dataset specs."""
+    train: str | dict[str, Any] | None = None
+    """RL training set (kind datasets): a registry name, a local file or an inline spec."""
+    heldout: str | dict[str, Any] | None = None
+    """Held-out problems for the learning-curve probe during training (kind datasets)."""
+    benchmarks: dict[str, str | dict[str, Any]] = field(default_factory=dict)
+    """Evaluation benchmarks (kind datasets), result name -> registry name or inline spec."""
+    max_rows: dict[str, int] = field(default_factory=dict)
+    """Keep only the first N rows of a fetched dataset (train, heldout or a benchmark)."""
+    synthetic: TaskConfig = field(default_factory=TaskConfig)
+    """The synthetic task (kind synthetic)."""
+
+
+@dataclass
+class Prompt:
+    """How a problem becomes a prompt, and the text of an exit."""
+
+    style: Literal["template", "chat"] = "template"
+    """template: the prompt is the filled template itself (the synthetic task). chat: the filled
+    template is the user message, rendered with the tokenizer's chat template (real chat models)."""
+    template: str = "Problem: {problem}\n<think>\n"
+    """Prompt text (style template) or user message (style chat); {problem} is replaced by the problem
+    statement. For chat models put the instruction here, e.g. "{problem}\\nPlease reason step by
+    step, and put your final answer within \\boxed{}."."""
+    system_prompt: str = ""
+    """System message before the user message (style chat; empty = none)."""
+    think_start: str = ""
+    """Text that opens the thinking block (e.g. "<think>\\n"), appended to the prompt unless the prompt
+    already ends with it; empty = never appended."""
+    exit_string: str = DEFAULT_EXIT_STRING
+    """Text that closes the thinking block at an exit point (R1-style models use "\\n</think>\\n\\n").
+    Evaluation reads the answer after it (in the whole completion when it is absent)."""
+    answer_prefix: str = DEFAULT_ANSWER_PREFIX
+    """Text between the solution and the answer."""
+    answer_suffix: str = DEFAULT_ANSWER_SUFFIX
+    """Text after the answer."""
+
+    def __post_init__(self) -> None:
+        if "{problem}" not in self.template:
+            raise ValueError("template must contain {problem}")
+
+
+@dataclass
+class Model:
+    """The model: a small Qwen2 trained from scratch, or a pretrained checkpoint."""
+
+    kind: Literal["scratch", "pretrained"] = "scratch"
+    """scratch trains a tokenizer and a small Qwen2 model locally; pretrained loads name_or_path."""
+    name_or_path: str | None = None
+    """Hub id or local directory of the pretrained checkpoint (kind pretrained)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Compute dtype. Training keeps float32 master weights and Adam states and runs forward and
+    backward under autocast in this dtype (mixed precision; the LM head's log-softmax stays in
+    float32); evaluation and the studies load the weights in it. float32 = full precision."""
+    vocab_size: int = field(default=320, metadata=at_least(64))
+    """Tokenizer vocabulary (kind scratch)."""
+    hidden_size: int = field(default=96, metadata=at_least(8))
+    """Hidden size (kind scratch)."""
+    num_layers: int = field(default=3, metadata=at_least(1))
+    """Decoder layers (kind scratch)."""
+    num_heads: int = field(default=4, metadata=at_least(1))
+    """Attention heads (kind scratch)."""
+    num_kv_heads: int = field(default=2, metadata=at_least(1))
+    """Key/value heads (kind scratch; must divide num_heads)."""
+    intermediate_size: int = field(default=384, metadata=at_least(8))
+    """MLP width (kind scratch)."""
+    max_position_embeddings: int = field(default=512, metadata=at_least(32))
+    """Longest sequence (kind scratch)."""
+
+    def __post_init__(self) -> None:
+        if self.kind == "pretrained" and not self.name_or_path:
+            raise ValueError("name_or_path is required when kind is pretrained")
+        if self.kind == "scratch" and self.hidden_size % self.num_heads:
+            raise ValueError("hidden_size must be divisible by num_heads")
+        if self.kind == "scratch" and self.num_heads % self.num_kv_heads:
+            raise ValueError("num_kv_heads must divide num_heads")
+
+
+@dataclass
+class Sft:
+    """The SFT warm-up (TRL's SFTTrainer on the teacher completions)."""
+
+    enabled: bool = True
+    """Warm up with SFT before RL. false: RL starts from model.name_or_path as it is (a pretrained
+    reasoning model), which is also the "base" arm of the table."""
+    epochs: float = field(default=10.0, metadata=at_least(0, exclusive=True))
+    """Passes over the SFT split."""
+    batch_size: int = field(default=32, metadata=at_least(1))
+    """Examples per optimizer step."""
+    learning_rate: float = field(default=0.003, metadata=at_least(0, exclusive=True))
+    """Peak learning rate (cosine schedule)."""
+    warmup_steps: int = field(default=20, metadata=at_least(0))
+    """Linear warm-up steps."""
+    weight_decay: float = field(default=0.0, metadata=at_least(0))
+    """AdamW weight decay."""
+    max_length: int = field(default=256, metadata=at_least(16))
+    """Longest prompt plus completion (tokens)."""
+    seed: int = field(default=0, metadata=at_least(0))
+    """Seed of initialisation and data order."""
+    save_every: int = field(default=100, metadata=at_least(0))
+    """Checkpoint every this many optimizer steps into <results_dir>/checkpoints/sft, so that a killed
+    job resumes there (docs/RESUME.md); 0 = no checkpoints."""
+    resume: bool = True
+    """Resume from the last checkpoint of an earlier attempt; false = discard it, start over."""
+
+
+@dataclass
+class VllmServer:
+    """The `trl vllm-serve` process of rl.gpu.vllm_mode server. Single node: it takes the job's last
+    `gpus` GPUs; multi-node: the whole last node."""
+
+    gpus: int = field(default=1, metadata=at_least(1))
+    """GPUs the server uses (single node)."""
+    tensor_parallel_size: int = field(default=1, metadata=at_least(1))
+    """vLLM tensor parallelism."""
+    data_parallel_size: int = field(default=1, metadata=at_least(1))
+    """vLLM data parallelism."""
+    port: int = field(default=8000, metadata=at_least(1024))
+    """HTTP port of the server."""
+    group_port: int = field(default=51216, metadata=at_least(1024))
+    """Port of the weight-sync communicator."""
+    max_model_len: int | None = field(default=None, metadata=at_least(1))
+    """Context length the server allocates for (null = the model's)."""
+    gpu_memory_utilization: float = field(default=0.9, metadata=within(0, 1, exclusive_minimum=True))
+    """Share of each server GPU's memory vLLM may take."""
+    startup_timeout: int = field(default=900, metadata=at_least(1))
+    """Seconds to wait for the server to answer before the job fails."""
+
+
+@dataclass
+class Distributed:
+    """How SFT and train jobs are launched (docs/DISTRIBUTED.md). One process by default; with an
+    accelerate config, `accelerate launch` starts one process per GPU the job was given."""
+
+    accelerate_config: str | None = None
+    """accelerate config file (config/accelerate/ddp.yaml, zero2.yaml, zero3.yaml, fsdp.yaml); null =
+    a plain single process. Its num_processes and num_machines are overridden by the job's resources."""
+    gpus_per_node: int = field(default=1, metadata=at_least(1))
+    """GPUs a train or SFT job asks for on each node (the rule's gpu resource). Processes per node =
+    the GPUs the job sees, minus vLLM server GPUs on that node."""
+    nodes: int = field(default=1, metadata=at_least(1))
+    """Nodes per train or SFT job; more than 1 launches one accelerate per node through srun."""
+    cpu_processes: int = field(default=1, metadata=at_least(1))
+    """Processes on a machine without CUDA (gloo); for testing the distributed path."""
+    main_process_port: int = field(default=29500, metadata=at_least(1024))
+    """Rendezvous port of the training processes (multi-node; single-node jobs pick a free one)."""
+    vllm_server: VllmServer = field(default_factory=VllmServer)
+    """The vLLM server of rl.gpu.vllm_mode server."""
+
+
+@dataclass
+class Probe:
+    """The learning-curve probe every rl.eval_every steps on rl.eval_problems held-out problems.
+    Split over the training processes; null values take the eval section's."""
+
+    greedy: bool = True
+    """Also decode greedily (the curve's greedy panel). Thinking models degrade under greedy decoding
+    (Qwen's advice): recipes for them sample only."""
+    n_samples: int | None = field(default=None, metadata=at_least(1))
+    """Samples per problem."""
+    max_new_tokens: int | None = field(default=None, metadata=at_least(1))
+    """Generation budget per sample; keep it far below eval.max_new_tokens at scale."""
+    batch_size: int | None = field(default=None, metadata=at_least(1))
+    """Sequences generated at once per process; its KV cache is batch_size x (prompt +
+    max_new_tokens) tokens."""
+
+
+@dataclass
+class RlGpu:
+    """Settings that only matter on GPUs (ignored without CUDA)."""
+
+    use_vllm: bool = False
+    """Generate the GRPO samples with vLLM (needs the gpu extra)."""
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    """colocate shares the training GPUs; server talks to a `trl vllm-serve` process that the job
+    starts on GPUs of its own (distributed.vllm_server)."""
+    vllm_gpu_memory_utilization: float = field(default=0.3, metadata=within(0, 1, exclusive_minimum=True))
+    """Share of GPU memory vLLM may take in colocate mode."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (long completions)."""
+
+
+@dataclass
+class Rl:
+    """GRPO settings shared by every arm, so that only the credit method differs."""
+
+    max_steps: int = field(default=40, metadata=at_least(1))
+    """Optimizer steps."""
+    learning_rate: float = field(default=1e-4, metadata=at_least(0, exclusive=True))
+    """Peak learning rate."""
+    prompts_per_step: int = field(default=8, metadata=at_least(1))
+    """Prompts per optimizer step."""
+    num_generations: int = field(default=8, metadata=at_least(2))
+    """Completions per prompt (the group)."""
+    max_completion_length: int = field(default=160, metadata=at_least(8))
+    """Tokens per completion (level-5 traces of the synthetic task are about 110: never truncated)."""
+    temperature: float = field(default=1.0, metadata=at_least(0, exclusive=True))
+    """Sampling temperature of the completions."""
+    beta: float = field(default=0.0, metadata=at_least(0))
+    """KL coefficient (0: no reference model)."""
+    epsilon: float = field(default=0.2, metadata=at_least(0, exclusive=True))
+    """Clipping range of the importance ratio."""
+    num_iterations: int = field(default=1, metadata=at_least(1))
+    """Updates per generation batch."""
+    eval_every: int = field(default=10, metadata=at_least(0))
+    """Probe held-out accuracy every this many steps (and at the end); 0 = never."""
+    eval_problems: int = field(default=100, metadata=at_least(1))
+    """Held-out problems of the probe."""
+    save_every: int = field(default=5, metadata=at_least(0))
+    """Checkpoint every this many steps into <results_dir>/checkpoints/train/<arm>/seed<seed>, so that
+    a killed job resumes there (docs/RESUME.md); 0 = no checkpoints. MLflow receives a step's
+    metrics once the checkpoint that covers it is saved."""
+    resume: bool = True
+    """Resume from the last checkpoint of an earlier attempt; false = discard it, start over."""
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule over max_steps (after warmup_steps)."""
+    warmup_steps: int = field(default=0, metadata=at_least(0))
+    """Linear warm-up steps."""
+    micro_batch_size: int | None = field(default=None, metadata=at_least(1))
+    """Completions per process in one forward/backward pass (TRL's per_device_train_batch_size); null
+    = all of a process's share of prompts_per_step x num_generations at once. Gradient accumulation
+    is derived: prompts_per_step x num_generations = micro_batch_size x processes x accumulation
+    steps, which must come out whole (docs/DISTRIBUTED.md, memory plan)."""
+    probe: Probe = field(default_factory=Probe)
+    """The learning-curve probe."""
+    gpu: RlGpu = field(default_factory=RlGpu)
+    """GPU-only settings."""
+
+
+@dataclass
+class EvalVllm:
+    """Engine settings of the vllm evaluation backend."""
+
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Weights dtype in vLLM."""
+    gpu_memory_utilization: float = field(default=0.9, metadata=within(0, 1, exclusive_minimum=True))
+    """Share of GPU memory vLLM may take."""
+    tensor_parallel_size: int = field(default=1, metadata=at_least(1))
+    """vLLM tensor parallelism."""
+    max_model_len: int | None = field(default=None, metadata=at_least(16))
+    """Prompt plus completion tokens (null = the model's own limit)."""
+
+
+@dataclass
+class Eval:
+    """Held-out evaluation, identical for every arm."""
+
+    n_samples: int = field(default=4, metadata=at_least(1))
+    """k of avg@k and pass@k."""
+    temperature: float = field(default=1.0, metadata=at_least(0, exclusive=True))
+    """Sampling temperature: the small scratch model's own distribution (real reasoning models are
+    evaluated at 0.6 with top_p 0.95)."""
+    top_p: float = field(default=1.0, metadata=within(0, 1, exclusive_minimum=True))
+    """Nucleus sampling."""
+    greedy: bool = True
+    """Also decode greedily once per problem (the summary's "greedy"); real-benchmark protocols sample
+    only."""
+    max_new_tokens: int = field(default=192, metadata=at_least(1))
+    """Generation budget per completion."""
+    batch_size: int = field(default=64, metadata=at_least(1))
+    """Sequences per batch (hf backend)."""
+    max_problems: int | None = field(default=None, metadata=at_least(1))
+    """Cap on problems per data file, i.e. per benchmark (null: all)."""
+    keep_completions: bool = False
+    """Keep the text of every sampled completion in the records (the greedy one is always kept)."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """transformers generate (CPU or GPU) or vLLM (GPU; needs the gpu extra)."""
+    vllm: EvalVllm = field(default_factory=EvalVllm)
+    """Engine settings of the vllm backend."""
+
+
+@dataclass
+class Prm:
+    """The process reward model of Figures 5 and 6."""
+
+    kind: Literal["local", "qwen-prm"] = "local"
+    """local: a small PRM trained here on MC-labelled steps of traces from the RL split. qwen-prm: a
+    Hugging Face PRM in Qwen2.5-Math-PRM's format (name_or_path)."""
+    name_or_path: str = "Qwen/Qwen2.5-Math-PRM-7B"
+    """The hub PRM (kind qwen-prm)."""
+    n_traces: int = field(default=96, metadata=at_least(4))
+    """MC-labelled training traces (kind local)."""
+    epochs: int = field(default=4, metadata=at_least(1))
+    """Training epochs (kind local)."""
+    learning_rate: float = field(default=3e-4, metadata=at_least(0, exclusive=True))
+    """Learning rate (kind local)."""
+
+
+@dataclass
+class Studies:
+    """The paper's analyses (Figures 3-7) on traces of the start model: Monte Carlo values at the exit
+    points, their truncation and variance, attribution methods and a process reward model."""
+
+    n_traces: int = field(default=48, metadata=at_least(2))
+    """Traces analysed (stratified by level or benchmark)."""
+    seed: int = field(default=0, metadata=at_least(0))
+    """Seed of trace sampling, rollouts and bootstraps."""
+    temperature: float = field(default=1.0, metadata=at_least(0, exclusive=True))
+    """Sampling temperature of traces and rollouts."""
+    top_p: float = field(default=1.0, metadata=within(0, 1, exclusive_minimum=True))
+    """Nucleus sampling of traces and rollouts."""
+    max_new_tokens: int = field(default=192, metadata=at_least(1))
+    """Token budget of a trace."""
+    mc_samples: int = field(default=20, metadata=at_least(2))
+    """Monte Carlo rollouts per exit point (Figure 7 bootstraps from them)."""
+    mc_max_new_tokens: int = field(default=160, metadata=at_least(1))
+    """Budget B of a rollout; truncation at every T <= B is read from the same rollouts (Figure 3)."""
+    bootstrap: int = field(default=1000, metadata=at_least(10))
+    """Bootstrap resamples of Figure 7."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """Generation backend of traces and rollouts."""
+    prm: Prm = field(default_factory=Prm)
+    """The process reward model."""
+
+
+def _paper_values() -> dict[str, dict[str, float]]:
+    # The paper's quoted Table 2 values (secondary copies, docs/PAPER.md).
+    return {
+        "MATH-500": {"open_rs": 0.848, "rredcot_nano": 0.858},
+        "AMC 2023": {"open_rs": 0.725, "rredcot_nano": 0.8},
+    }
+
+
+@dataclass
+class Report:
+    """The comparison tables and figures."""
+
+    table: str = "table1.csv"
+    """File name of the comparison table (every arm) under results_dir."""
+    table2_arms: list[str] = field(default_factory=lambda: ["grpo", "rredcot"])
+    """The GRPO-trained and the RREDCoT-trained arm of table2.csv (Nano-style comparison)."""
+    table2_metric: str | None = None
+    """Metric of table2.csv (null = avg@k with k = eval.n_samples)."""
+    reference: dict[str, dict[str, float]] = field(default_factory=_paper_values)
+    """The paper's quoted values for table2.csv, benchmark -> {column: value}; shown in separate
+    paper_<column> columns, never mixed with measured ones."""
+
+    def __post_init__(self) -> None:
+        if len(self.table2_arms) != 2:
+            raise ValueError("table2_arms must name exactly two arms")
+        if not self.table.endswith(".csv") or "/" in self.table:
+            raise ValueError("table must be a file name ending in .csv")
+
+
+@dataclass
+class ExperimentConfig:
+    """rredcot workflow configuration. One file selects models, data and budgets for every stage;
+    config/config.yaml is the embedded default (2-core CPU, no downloads). Unknown keys are errors."""
+
+    experiment: str = "rredcot-default"
+    """MLflow experiment name; every job of the workflow logs one run into it."""
+    results_dir: str = "results"
+    """Folder for all outputs (data, models, tables, figures, logs, the sqlite MLflow store)."""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """RL seeds; every arm is trained once per seed."""
+    threads: Threads = field(default_factory=Threads)
+    """Torch CPU threads per job."""
+    arms: dict[str, Arm] = field(default_factory=_default_arms)
+    """Training arms, by name (letters, digits, '_' and '-'). Each is one credit method and one TRL
+    loss type."""
+    run_arms: list[str] | None = None
+    """The arms this run trains and tabulates, in table order (null: every arm under arms). A recipe
+    file cannot delete the default arms (config files merge), so it names its arms here."""
+    data: Data = field(default_factory=Data)
+    """Where the problems come from."""
+    clean: CleanSettings = field(default_factory=CleanSettings)
+    """The label-error cleaner."""
+    prompt: Prompt = field(default_factory=Prompt)
+    """Prompt format and exit text."""
+    model: Model = field(default_factory=Model)
+    """The model."""
+    sft: Sft = field(default_factory=Sft)
+    """The SFT warm-up."""
+    distributed: Distributed = field(default_factory=Distributed)
+    """How SFT and train jobs are launched."""
+    rl: Rl = field(default_factory=Rl)
+    """GRPO settings shared by every arm."""
+    credit: CreditSettings = field(default_factory=CreditSettings)
+    """Credit-assignment settings shared by every arm (an arm may override them in credit_options)."""
+    eval: Eval = field(default_factory=Eval)
+    """Held-out evaluation."""
+    studies: Studies = field(default_factory=Studies)
+    """The paper's analyses."""
+    report: Report = field(default_factory=Report)
+    """Tables and figures."""
+
+    def __post_init__(self) -> None:
+        if not self.seeds or any(s < 0 for s in self.seeds):
+            raise ValueError("seeds must be a non-empty list of non-negative integers")
+        if not self.arms:
+            raise ValueError("arms must name at least one arm")
+        bad = [a for a in self.arms if not a.replace("_", "").replace("-", "").isalnum()]
+        if bad:
+            raise ValueError(f"arm names may hold letters, digits, '_' and '-' only: {bad}")
+        unknown = [a for a in self.run_arms or [] if a not in self.arms]
+        if unknown:
+            raise ValueError(f"run_arms: unknown arm(s) {', '.join(unknown)}")
+        for name, arm in self.arms.items():
+            where = f"arms.{name}.credit_options"
+            try:
+                build(CreditSettings, _merge(to_dict(self.credit), arm.credit_options), where)
+            except SettingsError as exc:
+                raise ValueError(str(exc)) from None
+        if self.data.kind == "datasets":
+            for key in ("train", "heldout"):
+                if getattr(self.data, key) is None:
+                    raise ValueError(f"data.{key} is required for data.kind datasets")
+            if not self.data.benchmarks:
+                raise ValueError("data.benchmarks: name at least one benchmark")
+            if self.sft.enabled:
+                raise ValueError("sft.enabled: real datasets have no SFT split; set it to false")
+        if not self.sft.enabled and self.model.kind != "pretrained":
+            raise ValueError("sft.enabled: false needs model.kind pretrained")
+
+
+# ------------------------------------------------------------------------------------- loading
+def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursively merge ``override`` into a copy of ``base`` (dicts merge, everything else replaces)."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+deep_merge = _merge
+
+
+def defaults() -> dict[str, Any]:
+    """Every setting at its default: the embedded default experiment."""
+    return to_dict(ExperimentConfig())
+
+
+def validate(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config layered over the defaults, validated, as plain dicts; or :class:`ConfigError`."""
+    try:
+        typed = build(ExperimentConfig, _merge(defaults(), config))
+    except SettingsError as exc:
+        raise ConfigError(f"invalid configuration:\n  {exc}") from None
+    return to_dict(typed)
+
+
+def load_config(paths: str | Path | Iterable[str | Path], overrides: Mapping[str, Any] | None = None) -> dict:
+    """Read one or more YAML files (later ones override earlier ones), apply overrides, validate."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    merged: dict[str, Any] = {}
+    for path in paths:
+        with open(path) as fh:
+            data = yaml.safe_load(fh) or {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{path}: top level must be a mapping")
+        merged = _merge(merged, data)
+    if overrides:
+        merged = _merge(merged, overrides)
+    return validate(merged)
+
+
+def schema() -> dict[str, Any]:
+    """The configuration's JSON schema, generated from the settings tree."""
+    out = json_schema(ExperimentConfig)
+    out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    out["title"] = "rredcot workflow configuration"
+    return out
+
+
+# --------------------------------------------------------------------------------- derived views
+def active_arms(cfg: Mapping[str, Any]) -> list[str]:
+    """The arms a run trains and reports, in table order: ``run_arms``, else every configured arm."""
+    return list(cfg.get("run_arms") or cfg["arms"])
+
+
+def arm_label(cfg: Mapping[str, Any], arm: str) -> str:
+    """Display name of an arm in tables and figures."""
+    return cfg["arms"][arm].get("label") or arm
+
+
+def credit_settings(cfg: Mapping[str, Any], arm: str) -> dict[str, Any]:
+    """The credit section with the arm's ``credit_options`` layered over it."""
+    return _merge(cfg["credit"], cfg["arms"][arm].get("credit_options", {}))
+
+
+def credit_config(cfg: Mapping[str, Any], arm: str) -> CreditConfig:
+    """The arm's :class:`CreditConfig`: its method, its credit settings, and the prompt's exit text."""
+    prompt = cfg["prompt"]
+    settings = build(CreditSettings, credit_settings(cfg, arm))
+    return CreditConfig.from_settings(
+        settings,
+        method=cfg["arms"][arm]["credit"],
+        exit_string=prompt["exit_string"],
+        answer_prefix=prompt["answer_prefix"],
+        answer_suffix=prompt["answer_suffix"],
+    )

@@ -1,0 +1,232 @@
+"""Which settings each stage reads: the one list behind a rule's ``params``, a job's resume
+fingerprint and the config a stage is handed.
+
+A stage's reads come in two kinds:
+
+- ``computes``: settings that shape what the stage writes. They are the rule's ``params``
+  (:func:`stage_settings`), so that changing one makes Snakemake run the stage again, and the
+  fingerprint under which a killed job's checkpoints are resumed.
+- ``runs``: settings the stage reads that do not change its outputs (thread counts, checkpoint
+  interval, ports, where MLflow logs). Changing them reruns nothing.
+
+A key names a whole subtree (``"credit"``) or one setting (``"prompt.exit_string"``); a ``runs``
+key inside a ``computes`` subtree is taken out of it. ``{arm}`` stands for the job's arm. A stage
+whose jobs come in variants (the two trace sets of ``study_traces``) lists what only one variant
+computes under ``variants``.
+
+The lists are enforced, not just documented: :func:`stage_config` gives a stage the config with
+only its declared keys, and reading any other setting raises :class:`UndeclaredSetting`, naming the
+key and the stage. A setting a stage reads but does not declare would otherwise leave its results
+stale when that setting changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rredcot.settings.config import ConfigError, load_config
+
+# Where MLflow logs and where the outputs go: every stage reads them, none computes with them.
+_LOGGING = ("experiment", "results_dir")
+# How processes are started and talk to each other; a different port computes the same thing.
+_PORTS = (
+    "distributed.main_process_port",
+    "distributed.vllm_server.port",
+    "distributed.vllm_server.group_port",
+    "distributed.vllm_server.startup_timeout",
+)
+
+
+@dataclass(frozen=True)
+class StageReads:
+    """The settings one stage reads (dotted keys; see the module docstring)."""
+
+    computes: tuple[str, ...]
+    runs: tuple[str, ...] = ()
+    variants: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+_STUDY_SAMPLING = ("studies.seed", "studies.temperature", "studies.top_p", "studies.backend")
+
+READS: dict[str, StageReads] = {
+    "data": StageReads(("data.kind", "data.synthetic"), _LOGGING),
+    "fetch": StageReads(
+        ("data.kind", "data.registry", "data.root", "data.train", "data.heldout", "data.benchmarks")
+        + ("data.max_rows",),
+        _LOGGING,
+    ),
+    "clean": StageReads(("clean",), _LOGGING),
+    "sft": StageReads(
+        ("model", "sft", "prompt.template", "distributed"),
+        (*_LOGGING, *_PORTS, "threads.sft", "sft.save_every", "sft.resume", "sft.enabled"),
+    ),
+    "train": StageReads(
+        ("arms.{arm}", "rl", "credit", "prompt", "eval", "model", "distributed"),
+        (*_LOGGING, *_PORTS, "threads.train", "rl.save_every", "rl.resume"),
+    ),
+    "evaluate": StageReads(("eval", "prompt", "model.dtype"), (*_LOGGING, "threads.eval")),
+    "report": StageReads(
+        ("arms", "run_arms", "eval.n_samples", "eval.temperature", "rl.eval_problems"), _LOGGING
+    ),
+    "tables": StageReads(("arms", "run_arms", "report", "eval.n_samples"), _LOGGING),
+    # The analyses: traces of held-out problems (analysis) or of the RL split (prm, only to train
+    # the small process reward model).
+    "study_traces": StageReads(
+        ("arms", "credit", "prompt", "model.dtype", "studies.max_new_tokens", *_STUDY_SAMPLING),
+        (*_LOGGING, "threads.eval"),
+        variants={"analysis": ("studies.n_traces",), "prm": ("studies.prm.n_traces",)},
+    ),
+    "study_mc": StageReads(
+        ("prompt.exit_string", "model.dtype", "studies.mc_samples", "studies.mc_max_new_tokens")
+        + _STUDY_SAMPLING,
+        (*_LOGGING, "threads.eval"),
+    ),
+    "study_mc_figures": StageReads(("studies.bootstrap", "studies.seed"), _LOGGING),
+    "study_attribution": StageReads(
+        ("prompt", "model.dtype", "credit.budget.max_batch_tokens"), (*_LOGGING, "threads.eval")
+    ),
+    "study_prm_train": StageReads(
+        ("studies.prm.epochs", "studies.prm.learning_rate", "studies.seed"), (*_LOGGING, "threads.train")
+    ),
+    "study_prm": StageReads(
+        ("prompt", "model.dtype", "studies.prm.kind", "studies.prm.name_or_path"),
+        (*_LOGGING, "threads.eval"),
+    ),
+    "study_attr_figures": StageReads((), _LOGGING),
+    "study_localisation": StageReads((), _LOGGING),
+}
+
+
+class UndeclaredSetting(LookupError):
+    """A stage read a setting that :data:`READS` does not list for it."""
+
+
+def _split(key: str) -> tuple[str, ...]:
+    return tuple(key.split("."))
+
+
+def _keys(stage: str, which: str, arm: str | None, variant: str | None = None) -> list[tuple[str, ...]]:
+    """The dotted keys of one kind; ``variant`` None = every variant's (what the stage may read)."""
+    try:
+        reads = READS[stage]
+    except KeyError:
+        raise KeyError(f"unknown stage {stage!r}; stages: {', '.join(READS)}") from None
+    names = list(getattr(reads, which))
+    if which == "computes":
+        if variant is not None and variant not in reads.variants:
+            raise KeyError(f"stage {stage!r} has no variant {variant!r}")
+        names += [k for v, keys in reads.variants.items() if variant in (None, v) for k in keys]
+    keys = []
+    for key in names:
+        if "{arm}" in key:
+            if arm is None:
+                continue
+            key = key.format(arm=arm)
+        keys.append(_split(key))
+    return keys
+
+
+def _subtree(cfg: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = cfg
+    for part in path:
+        node = node[part]
+    return node
+
+
+def _without(value: Any, path: tuple[str, ...]) -> Any:
+    """``value`` (a plain copy) with the setting at ``path`` (relative to it) removed."""
+    if not path or not isinstance(value, Mapping) or path[0] not in value:
+        return value
+    if len(path) == 1:
+        return {k: v for k, v in value.items() if k != path[0]}
+    return {**value, path[0]: _without(value[path[0]], path[1:])}
+
+
+def stage_settings(
+    cfg: Mapping[str, Any], stage: str, arm: str | None = None, variant: str | None = None
+) -> dict[str, Any]:
+    """The values of the settings that shape the outputs of one ``stage`` job (of ``arm``, of
+    ``variant``), by dotted key: the rule's ``params`` and the resume fingerprint. ``cfg`` is the
+    validated config or the stage's view of it."""
+    if variant is None and READS[stage].variants:
+        raise KeyError(f"stage {stage!r} needs a variant: {', '.join(READS[stage].variants)}")
+    runs = _keys(stage, "runs", arm)
+    out = {}
+    for path in _keys(stage, "computes", arm, variant):
+        value = _plain(_subtree(cfg, path))
+        for other in runs:
+            if other[: len(path)] == path and len(other) > len(path):
+                value = _without(value, other[len(path) :])
+        out[".".join(path)] = value
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+class StageView(dict):
+    """A config section as one stage sees it: a plain dict holding only the settings the stage
+    declares; looking up any other setting raises :class:`UndeclaredSetting`."""
+
+    def __init__(self, data: Mapping[str, Any], stage: str, where: str) -> None:
+        super().__init__(data)
+        self.stage, self.where = stage, where
+
+    def _undeclared(self, key: object) -> UndeclaredSetting:
+        name = f"{self.where}.{key}" if self.where else str(key)
+        return UndeclaredSetting(
+            f"stage {self.stage!r} read the setting {name!r}, which rredcot.settings.reads.READS does not "
+            f"list for it: declare it there (computes, or runs if it cannot change the outputs)"
+        )
+
+    def __missing__(self, key: object) -> Any:
+        raise self._undeclared(key)
+
+    def get(self, key: object, default: Any = None) -> Any:
+        if key in self:
+            return self[key]
+        raise self._undeclared(key)
+
+    def __reduce__(self) -> tuple:
+        return (StageView, (dict(self), self.stage, self.where))
+
+
+def _view(cfg: Mapping[str, Any], paths: list[tuple[str, ...]], stage: str, where: tuple[str, ...]) -> Any:
+    if any(len(p) == len(where) for p in paths):  # a whole subtree is declared
+        return _plain(cfg)
+    children: dict[str, list[tuple[str, ...]]] = {}
+    for p in paths:
+        children.setdefault(p[len(where)], []).append(p)
+    data = {key: _view(cfg[key], sub, stage, (*where, key)) for key, sub in children.items() if key in cfg}
+    return StageView(data, stage, ".".join(where))
+
+
+def stage_view(cfg: Mapping[str, Any], stage: str, arm: str | None = None) -> StageView:
+    """The validated config ``cfg`` restricted to what ``stage`` declares (computes and runs)."""
+    if arm is not None and arm not in cfg["arms"]:
+        raise ConfigError(f"unknown arm {arm!r}; configured arms: {', '.join(cfg['arms'])}")
+    paths = _keys(stage, "computes", arm) + _keys(stage, "runs", arm)
+    for path in paths:
+        try:
+            _subtree(cfg, path)
+        except (KeyError, TypeError):
+            raise KeyError(f"READS[{stage!r}] names {'.'.join(path)!r}, which is not a setting") from None
+    return _view(cfg, paths, stage, ())
+
+
+def stage_config(
+    paths: str | Path | Iterable[str | Path],
+    stage: str,
+    arm: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> StageView:
+    """Load and validate the config files, and give ``stage`` its view of them."""
+    return stage_view(load_config(paths, overrides), stage, arm)

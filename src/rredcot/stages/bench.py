@@ -1,0 +1,353 @@
+"""Benchmark of credit-assignment cost: how close single-pass σ comes to the compute floor.
+
+On one batch of traces it times
+
+- ``forward``: one plain forward pass over ``prompt ⊕ completion`` (the unit of cost);
+- ``sigma_single_pass``: σ with single-pass scoring (trace pass with entropies, segmentation, suffix pass,
+  values, σ);
+- ``sigma_naive``: σ with one sequence per exit point (entropy pass, segmentation, naive scoring, σ);
+- ``mc_values``: Monte Carlo values at the same exit points, M sampled rollouts per exit point, each
+  continuing for the rest of the trace plus the answer (measured on a subset of traces, per trace);
+
+and reports each as a ratio to ``forward`` next to the token-count bound ``(L + K·A)/L`` (L tokens per
+trace, K exit points, A tokens per exit suffix). With ``--train-metrics`` it also summarises the
+training-step time per arm from a workflow run (TRL's ``step_time`` in each ``metrics.jsonl``).
+
+CLI: ``rredcot bench --out results/bench/credit.json`` (see ``--help``). The model is randomly
+initialised unless ``--model`` names a checkpoint: timing does not depend on the weights, and MC
+rollouts are forced to their full length so that the cost is the same for any model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rredcot.infra.io import write_json
+from rredcot.infra.logs import setup_logging
+from rredcot.lm.modeling import load_model, random_qwen2, set_threads
+from rredcot.method import credit as C
+from rredcot.method import segmentation as S
+from rredcot.method.exit_scoring import ExitStrings, TraceExits, score_traces_naive
+from rredcot.method.prefix_scoring import ScoringBudget, score_traces_single_pass
+
+_log = logging.getLogger(__name__)
+
+NEWLINE = "\n"
+
+
+def _timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """Median wall time of ``repeats`` calls (after one warm-up call) and the last result."""
+    fn()
+    times, result = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), result
+
+
+def make_model(args: argparse.Namespace) -> torch.nn.Module:
+    if args.model:
+        return load_model(args.model).eval()
+    max_positions = 4 * (args.prompt + args.length + args.suffix)
+    return random_qwen2(args.vocab, args.hidden, args.layers, args.heads, max_positions)
+
+
+def make_batch(args: argparse.Namespace, vocab: int) -> tuple[list[TraceExits], list[list[str]], ExitStrings]:
+    """Random traces with newline tokens sprinkled in (so segmentation has pieces to merge)."""
+    rng = random.Random(args.seed)
+    traces, texts = [], []
+    solution_len = max(1, args.suffix - 8)
+    for _ in range(args.traces):
+        completion = [rng.randrange(2, vocab) for _ in range(args.length)]
+        # About four pieces per segment: a newline token every ~L/(4K) tokens.
+        tokens = [NEWLINE if rng.random() < 4 * args.exits / args.length else f" t{t}" for t in completion]
+        pairs = [([rng.randrange(2, vocab) for _ in range(solution_len)], [rng.randrange(2, vocab)])]
+        traces.append(
+            TraceExits([rng.randrange(2, vocab) for _ in range(args.prompt)], completion, None, pairs)
+        )
+        texts.append(tokens)
+    strings = ExitStrings(
+        [rng.randrange(2, vocab) for _ in range(3)], [rng.randrange(2, vocab) for _ in range(4)], [1]
+    )
+    return traces, texts, strings
+
+
+def _cuts_for(texts: list[list[str]], n_segments: int, chosen: dict[int, list[int]]) -> Callable:
+    seg = S.SegmentationConfig(n_segments=n_segments, min_segment_tokens=4)
+
+    def cuts_for(i: int, entropies: torch.Tensor) -> list[int]:
+        starts = S.segment_trace(texts[i], entropies.tolist(), seg)
+        chosen[i] = starts
+        return S.exit_cuts(starts, len(texts[i]))
+
+    return cuts_for
+
+
+def _sigma(traces: Sequence[TraceExits], scores: list, chosen: dict[int, list[int]]) -> list[torch.Tensor]:
+    out = []
+    for i, (t, sc) in enumerate(zip(traces, scores, strict=True)):
+        log_v = C.exit_log_values(sc.log_p_solution, sc.log_p_answer)
+        ids = S.segment_ids_from_starts(chosen[i], len(t.completion_ids))
+        out.append(
+            C.credit_multiplier("rredcot", len(t.completion_ids), -1.0, 0.5, ids, C.segment_rewards(log_v))
+        )
+    return out
+
+
+def forward_pass(model: torch.nn.Module, traces: Sequence[TraceExits]) -> torch.Tensor:
+    """One plain batched forward over prompt ⊕ completion, logits included (the unit of cost)."""
+    ids = torch.tensor([[*t.prompt_ids, *t.completion_ids] for t in traces])
+    with torch.inference_mode():
+        return model(input_ids=ids, use_cache=False).logits
+
+
+def mc_values(
+    model: torch.nn.Module, trace: TraceExits, cuts: list[int], samples: int, answer_tokens: int
+) -> list[float]:
+    """Generation cost of MC values: ``samples`` rollouts per cut, to the trace's end plus an answer."""
+    out = []
+    with torch.inference_mode():
+        for c in cuts:
+            prefix = torch.tensor([[*trace.prompt_ids, *trace.completion_ids[:c]]] * samples)
+            new = len(trace.completion_ids) - c + answer_tokens
+            gen = model.generate(
+                input_ids=prefix,
+                attention_mask=torch.ones_like(prefix),
+                do_sample=True,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                pad_token_id=0,
+            )
+            out.append(float(gen.shape[1]))
+    return out
+
+
+def train_step_summary(root: Path) -> dict[str, Any]:
+    """Median training-step seconds per arm over every seed's metrics.jsonl under ``root``."""
+    per_arm: dict[str, list[float]] = {}
+    for path in sorted(root.glob("*/seed*/metrics.jsonl")):
+        arm = path.parent.parent.name
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            # TRL's own step timer (generation, credit, loss, update; probes excluded).
+            seconds = row.get("step_time", row.get("perf/step_seconds"))
+            if seconds is not None:
+                per_arm.setdefault(arm, []).append(float(seconds))
+    summary: dict[str, Any] = {
+        arm: {"median_step_seconds": statistics.median(v), "steps": len(v)} for arm, v in per_arm.items() if v
+    }
+    base = summary.get("grpo", {}).get("median_step_seconds")
+    if base:
+        for arm in summary:
+            summary[arm]["ratio_to_grpo"] = summary[arm]["median_step_seconds"] / base
+    return summary
+
+
+def train_step_ab(config: list[str], sft: str, data: str, arms: list[str], steps: int) -> dict[str, Any]:
+    """Median training-step time of each arm, run one after the other from the same SFT model and seed.
+
+    A controlled A/B: same process, same threads, no other job competing, and (the seed being equal)
+    the same prompts; the first step even samples the same completions in every arm. The arms' batches
+    drift apart after the first update, so each arm also gets a paired estimate from its own steps:
+    ``within_run_ratio`` is the median of step / (step - credit seconds), the step against the same
+    step with the credit computation taken out (everything else in a step is stock GRPO).
+    """
+    from datasets import Dataset
+
+    from rredcot.adapter.experiment import grpo_args
+    from rredcot.adapter.trainer import RREDCoTTrainer
+    from rredcot.data.records import correctness_reward, rl_records
+    from rredcot.infra.io import read_jsonl
+    from rredcot.lm.modeling import load_tokenizer
+    from rredcot.settings.config import credit_config, load_config
+
+    cfg = load_config(config, {"rl": {"max_steps": steps, "save_every": 0}, "credit": {"view_every": 0}})
+    tok = load_tokenizer(sft)
+    dataset = Dataset.from_list(rl_records(read_jsonl(data), cfg["prompt"]["template"]))
+    out: dict[str, Any] = {}
+    for arm in arms:
+        torch.manual_seed(0)
+        trainer = RREDCoTTrainer(
+            model=load_model(sft),
+            reward_funcs=[correctness_reward],
+            args=grpo_args(cfg, arm, 0, f"/tmp/rredcot-bench-{arm}"),
+            train_dataset=dataset,
+            processing_class=tok,
+            credit=credit_config(cfg, arm),
+        )
+        trainer.args.disable_tqdm = True
+        trainer.train()
+        logged = [h for h in trainer.state.log_history if "step_time" in h]
+        times = [h["step_time"] for h in logged]
+        credit = [h["credit/seconds"] for h in logged if "credit/seconds" in h]
+        paired = [h["step_time"] / (h["step_time"] - h.get("credit/seconds", 0.0)) for h in logged[1:]]
+        out[arm] = {
+            "median_step_seconds": statistics.median(times[1:] or times),  # the first step warms up
+            "steps": len(times),
+            "median_credit_seconds": statistics.median(credit) if credit else 0.0,
+            "within_run_ratio": statistics.median(paired) if paired else 1.0,
+        }
+        _log.info(f"train step {arm}: {out[arm]}")
+    base = out[arms[0]]["median_step_seconds"]
+    for arm in arms:
+        out[arm]["ratio_to_" + arms[0]] = out[arm]["median_step_seconds"] / base
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    set_threads(args.threads)
+    model = make_model(args)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    traces, texts, strings = make_batch(args, vocab)
+    n_segments = args.exits - 1
+    budget = ScoringBudget(max_batch_tokens=args.max_batch_tokens)
+    _log.info(
+        f"{len(traces)} traces x {args.prompt}+{args.length} tokens, {args.exits} exit points",
+    )
+
+    t_forward, _ = _timed(lambda: forward_pass(model, traces), args.repeats)
+    _log.info(f"forward {t_forward:.3f} s")
+
+    chosen_single: dict[int, list[int]] = {}
+
+    def single() -> tuple[list, list]:
+        scores = score_traces_single_pass(
+            model, traces, strings, budget, _cuts_for(texts, n_segments, chosen_single)
+        )
+        return scores, _sigma(traces, scores, chosen_single)
+
+    t_single, (scores_single, _) = _timed(single, args.repeats)
+    _log.info(f"sigma single-pass {t_single:.3f} s")
+
+    chosen_naive: dict[int, list[int]] = {}
+
+    def naive() -> tuple[list, list]:
+        scores = score_traces_naive(
+            model, traces, strings, budget, _cuts_for(texts, n_segments, chosen_naive)
+        )
+        return scores, _sigma(traces, scores, chosen_naive)
+
+    t_naive, (scores_naive, _) = _timed(naive, max(1, args.repeats // 2))
+    _log.info(f"sigma naive {t_naive:.3f} s")
+
+    diff = max(
+        float((x - y).abs().max())
+        for a, b in zip(scores_single, scores_naive, strict=True)
+        for x, y in ((a.log_p_solution, b.log_p_solution), (a.log_p_answer, b.log_p_answer))
+    )
+    _log.info(f"max |log p single - naive| = {diff:.2e}")
+
+    cuts = [sc.cuts for sc in scores_single]
+    n_exits = statistics.mean(len(c) for c in cuts)
+    suffix = 1 + len(strings.exit_ids) + len(traces[0].pairs[0][0]) + len(strings.answer_prefix_ids)
+    suffix += len(traces[0].pairs[0][1]) + len(strings.answer_suffix_ids)
+    length = args.prompt + args.length
+    bound = (length + n_exits * suffix) / length
+
+    mc_traces = traces[: args.mc_traces]
+    t0 = time.perf_counter()
+    for t, c in zip(mc_traces, cuts, strict=False):
+        mc_values(model, t, c, args.mc_samples, answer_tokens=suffix)
+    t_mc = (time.perf_counter() - t0) * len(traces) / max(1, len(mc_traces))  # scaled to the whole batch
+    _log.info(f"MC values (M={args.mc_samples}) {t_mc:.1f} s for the batch (scaled)")
+
+    report: dict[str, Any] = {
+        "setup": {
+            "traces": len(traces),
+            "prompt_tokens": args.prompt,
+            "completion_tokens": args.length,
+            "trace_tokens_L": length,
+            "exit_points_K": n_exits,
+            "suffix_tokens_A": suffix,
+            "mc_samples_M": args.mc_samples,
+            "mc_traces_measured": len(mc_traces),
+            "model": args.model
+            or f"random Qwen2 h{args.hidden} x{args.layers} heads {args.heads} vocab {vocab}",
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "threads": torch.get_num_threads(),
+            "device": "cpu",
+            "machine": platform.platform(),
+            "torch": torch.__version__,
+        },
+        "seconds": {
+            "forward": t_forward,
+            "sigma_single_pass": t_single,
+            "sigma_naive": t_naive,
+            "mc_values": t_mc,
+        },
+        "ratios": {
+            "token_bound_(L+KA)/L": bound,
+            "single_pass_over_forward": t_single / t_forward,
+            "single_pass_over_bound": t_single / t_forward / bound,
+            "naive_over_forward": t_naive / t_forward,
+            "naive_over_single_pass": t_naive / t_single,
+            "mc_over_forward": t_mc / t_forward,
+            "mc_over_single_pass": t_mc / t_single,
+        },
+        "max_abs_logprob_diff_single_vs_naive": diff,
+    }
+    if args.train_metrics and Path(args.train_metrics).is_dir():
+        report["train_step_workflow"] = train_step_summary(Path(args.train_metrics))
+    if args.train_steps > 0:
+        if not Path(args.sft).is_dir():
+            raise SystemExit(f"--train-steps needs the SFT model at {args.sft} (run the workflow first)")
+        set_threads(args.train_threads)
+        report["train_step_ab"] = train_step_ab(
+            args.config, args.sft, args.rl_data, args.arms, args.train_steps
+        )
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="results/bench/credit.json", help="JSON report path")
+    ap.add_argument("--model", help="checkpoint directory (default: a randomly initialised Qwen2)")
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--traces", type=int, default=8, help="traces in the batch")
+    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens per trace")
+    ap.add_argument("--length", type=int, default=1024, help="completion tokens per trace")
+    ap.add_argument("--exits", type=int, default=32, help="exit points per trace (segments + 1)")
+    ap.add_argument("--suffix", type=int, default=48, help="reference solution + answer tokens (about)")
+    ap.add_argument("--mc-samples", type=int, default=4, help="M rollouts per exit point")
+    ap.add_argument("--mc-traces", type=int, default=1, help="traces whose MC cost is measured")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=max(1, torch.get_num_threads()))
+    ap.add_argument("--max-batch-tokens", type=int, default=32768)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--train-metrics", default="results/train", help="workflow train folder to summarise")
+    ap.add_argument("--train-steps", type=int, default=0, help="also time N training steps per arm (A/B)")
+    ap.add_argument("--config", nargs="+", default=["config/config.yaml"], help="config for --train-steps")
+    ap.add_argument("--sft", default="results/models/sft", help="SFT model for --train-steps")
+    ap.add_argument("--rl-data", default="results/data/rl.clean.jsonl", help="RL split for --train-steps")
+    ap.add_argument("--arms", nargs="+", default=["grpo", "rredcot", "entropy", "rredcot_entropy"])
+    ap.add_argument(
+        "--train-threads", type=int, default=1, help="threads for --train-steps (as in the workflow)"
+    )
+    args = ap.parse_args(argv)
+    report = run(args)
+    write_json(Path(args.out), report)
+    print(json.dumps(report["ratios"], indent=2))
+    for key in ("train_step_workflow", "train_step_ab"):
+        if key in report:
+            print(key, json.dumps(report[key], indent=2))
+    _log.info(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    setup_logging()
+    main()

@@ -1,0 +1,203 @@
+"""``rredcot config``: the files derived from the settings tree, and a look at a resolved config.
+
+    rredcot config --write            # config/config.yaml, config/README.md and the JSON schema, from
+                                      # the dataclasses of rredcot.settings.config (the one home of defaults)
+    rredcot config --check            # exit 1 if any of them is stale (CI runs the test that does this)
+    rredcot config --show C [C ...]   # the resolved config of these files, every default filled in
+
+``config/config.yaml`` is the embedded default written out in full, with each key's documentation
+as a comment; ``config/README.md`` documents every key (type, default, meaning) by section;
+``src/rredcot/schemas/config.schema.yaml`` is the JSON schema. None of them is edited by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rredcot.infra.typed import field_docs, json_schema, to_dict
+from rredcot.settings.config import ExperimentConfig, load_config, schema
+from rredcot.settings.reads import READS
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIG_YAML = ROOT / "config" / "config.yaml"
+CONFIG_README = ROOT / "config" / "README.md"
+SCHEMA_YAML = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
+WIDTH = 100
+
+
+def _scalar(value: Any) -> str:
+    """A YAML scalar or flow collection (JSON is YAML)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _comment(text: str, indent: str) -> list[str]:
+    return [f"{indent}# {line}" for line in textwrap.wrap(text, WIDTH - len(indent) - 2)]
+
+
+def _yaml_lines(obj: Any, indent: str = "") -> list[str]:
+    """``obj`` (a settings instance) as commented block YAML."""
+    docs = field_docs(type(obj))
+    lines: list[str] = []
+    for f in dataclasses.fields(obj):
+        if not f.init:
+            continue
+        value = getattr(obj, f.name)
+        lines += _comment(docs.get(f.name, ""), indent) if f.name in docs else []
+        if dataclasses.is_dataclass(value):
+            lines.append(f"{indent}{f.name}:")
+            lines += _yaml_lines(value, indent + "  ")
+        elif isinstance(value, dict) and value and all(dataclasses.is_dataclass(v) for v in value.values()):
+            lines.append(f"{indent}{f.name}:")
+            for key, item in value.items():
+                lines.append(f"{indent}  {key}:")
+                lines += [
+                    f"{indent}    {k}: {_scalar(v)}"
+                    for k, v in to_dict(item).items()
+                    if v not in (None, {}, [])
+                ]
+        else:
+            lines.append(f"{indent}{f.name}: {_scalar(to_dict(value))}")
+    return lines
+
+
+def render_yaml() -> str:
+    head = [
+        "# The embedded default: the whole pipeline on a 2-core CPU with no downloads. A synthetic",
+        "# multi-step arithmetic task, a tokenizer and a small Qwen2 model trained locally, credit arms",
+        "# over three seeds. Written by `rredcot config --write` from the settings tree",
+        "# (src/rredcot/settings/config.py and the method's own config classes): edit those, not this file.",
+        "# Other config files override it key by key; every key is documented in config/README.md.",
+        "",
+    ]
+    return "\n".join(head + _yaml_lines(ExperimentConfig())) + "\n"
+
+
+def _type_text(node: dict[str, Any]) -> str:
+    if "enum" in node:
+        return " \\| ".join(f"`{json.dumps(v)}`" for v in node["enum"])
+    if "anyOf" in node:
+        return " or ".join(_type_text(n) for n in node["anyOf"])
+    kind = node.get("type", "any")
+    if kind == "array":
+        return f"list of {_type_text(node.get('items', {}))}"
+    if kind == "object" and "additionalProperties" in node and node["additionalProperties"] is not False:
+        return f"mapping to {_type_text(node['additionalProperties'])}"
+    bounds = [f"{k} {node[k]}" for k in ("minimum", "exclusiveMinimum", "maximum") if k in node]
+    names = {"exclusiveMinimum": "> ", "minimum": ">= ", "maximum": "<= "}
+    text = {"null": "null", "object": "mapping"}.get(kind, kind)
+    if bounds:
+        text += (
+            " ("
+            + ", ".join(
+                f"{names[k]}{node[k]}" for k in ("minimum", "exclusiveMinimum", "maximum") if k in node
+            )
+            + ")"
+        )
+    return text
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_readme() -> str:
+    root = json_schema(ExperimentConfig)
+    out = [
+        "# Configuration",
+        "",
+        "Written by `rredcot config --write` from the settings tree (`src/rredcot/settings/config.py` and",
+        "the method's own config classes: `CreditSettings`, `SegmentationConfig`, `ScoringBudget`,",
+        "`TaskConfig`, `CleanSettings`); do not edit by hand. `config/config.yaml` is the embedded default",
+        "with every key; other files (`smoke.yaml`, `localisation.yaml`, `paper/*.yaml`) override it key",
+        "by key (`snakemake --configfile FILE`), and `--config key=value` overrides single keys. A bad key",
+        "or value fails before any job runs, naming it. `rredcot config --show FILE` prints a resolved",
+        "config.",
+        "",
+    ]
+
+    def section(path: str, node: dict[str, Any], level: int) -> None:
+        rows, subsections = [], []
+        for key, sub in node["properties"].items():
+            name = f"{path}.{key}" if path else key
+            if sub.get("type") == "object" and "properties" in sub:
+                subsections.append((name, sub))
+                continue
+            default = (
+                "*(required)*" if key in node.get("required", []) else f"`{json.dumps(sub.get('default'))}`"
+            )
+            rows.append(
+                f"| `{name}` | {_type_text(sub)} | {default} | {_md_cell(sub.get('description', ''))} |"
+            )
+        if rows:
+            out.extend(["| key | type | default | meaning |", "|---|---|---|---|", *rows, ""])
+        for name, sub in subsections:
+            out.extend([f"{'#' * level} `{name}`", "", sub.get("description", ""), ""])
+            section(name, sub, min(level + 1, 4))
+
+    section("", root, 2)
+    arm = root["properties"]["arms"]["additionalProperties"]
+    out.extend(["## Each arm (`arms.<name>`)", "", arm.get("description", ""), ""])
+    section("arms.<name>", arm, 3)
+    out.extend(_reads_section())
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _reads_section() -> list[str]:
+    """Which settings each workflow stage reads (rredcot.settings.reads)."""
+    lines = [
+        "## Which settings each stage reads",
+        "",
+        "A rule's `params` hold the settings its stage computes with, so changing one reruns exactly",
+        "the jobs that read it (and what depends on them); a stage that reads a setting it does not",
+        "declare fails. Settings under *runs only* are read but cannot change the outputs: changing",
+        "them reruns nothing. `{arm}` is the job's arm; a key names the whole section under it.",
+        "",
+        "| stage | computes with | runs only |",
+        "|---|---|---|",
+    ]
+    for stage, reads in READS.items():
+        computes = [f"`{k}`" for k in reads.computes]
+        computes += [f"`{k}` ({v})" for v, keys in reads.variants.items() for k in keys]
+        runs = ", ".join(f"`{k}`" for k in reads.runs)
+        lines.append(f"| `{stage}` | {', '.join(computes) or '(none)'} | {runs} |")
+    return [*lines, ""]
+
+
+def render_schema() -> str:
+    head = "# JSON schema of the workflow config. Written by `rredcot config --write`; do not edit.\n"
+    return head + yaml.safe_dump(schema(), sort_keys=False, allow_unicode=True, width=WIDTH)
+
+
+def generated() -> dict[Path, str]:
+    return {CONFIG_YAML: render_yaml(), CONFIG_README: render_readme(), SCHEMA_YAML: render_schema()}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="rredcot config", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    group = ap.add_mutually_exclusive_group(required=True)
+    group.add_argument("--write", action="store_true", help="write the derived files")
+    group.add_argument("--check", action="store_true", help="fail if a derived file is stale")
+    group.add_argument("--show", nargs="+", metavar="CONFIG", help="print the resolved config of these files")
+    args = ap.parse_args(argv)
+    if args.show:
+        print(yaml.safe_dump(load_config(args.show), sort_keys=False, allow_unicode=True), end="")
+        return
+    stale = [path for path, text in generated().items() if not path.exists() or path.read_text() != text]
+    if args.check:
+        for path in stale:
+            print(f"stale: {path.relative_to(ROOT)} (run: rredcot config --write)", file=sys.stderr)
+        raise SystemExit(1 if stale else 0)
+    for path, text in generated().items():
+        path.write_text(text)
+        print(f"wrote {path.relative_to(ROOT)}")

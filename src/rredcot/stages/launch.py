@@ -1,0 +1,314 @@
+"""Starting a training job on the resources it was given: one process, ``accelerate launch``, SLURM nodes.
+
+``rredcot launch train|sft STAGE-ARGS`` is what the workflow's train and SFT rules run. It reads the
+config's ``distributed`` section and the job's environment and then
+
+1. **plans** the processes (:func:`plan_launch`): one per GPU the job sees (``CUDA_VISIBLE_DEVICES``,
+   as SLURM sets it), or ``distributed.cpu_processes`` on a machine without CUDA (gloo); nodes from
+   ``SLURM_JOB_NUM_NODES`` when the job spans several;
+2. with ``rl.gpu.use_vllm`` and ``vllm_mode: server``, **starts the vLLM server** of TRL
+   (``trl vllm-serve``'s command line, built by TRL) on the job's last GPUs (single node) or on its
+   last node, waits until ``/health`` answers, and stops it when training ends, whatever the outcome;
+3. **runs the stage**: in this process when the plan is one process and no accelerate config is
+   named; else ``accelerate launch --config_file C --num_processes N -m rredcot.<stage> ...``, and on
+   several nodes one such launcher per node through ``srun``.
+
+The exit status is the stage's. ``--dry-run`` prints the plan and the commands without running them.
+docs/DISTRIBUTED.md describes the layouts and the memory plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_log = logging.getLogger("rredcot.stages.launch")
+STAGE_MODULES = {"train": "rredcot.stages.train", "sft": "rredcot.stages.sft"}
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """Where the vLLM server of a train job runs."""
+
+    gpus: list[str]  # CUDA device ids on its node
+    node: str | None  # host name on a multi-node job (None: this node)
+    host: str  # how the trainers reach it
+    port: int
+    command: list[str]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    stage: str
+    processes_per_node: int
+    nodes: int
+    train_gpus: list[str] = field(default_factory=list)  # CUDA ids of the training processes (this node)
+    accelerate_config: str | None = None
+    cuda: bool = False
+    server: ServerPlan | None = None
+    node_names: list[str] = field(default_factory=list)  # SLURM hosts of the training processes
+
+    @property
+    def processes(self) -> int:
+        return self.processes_per_node * self.nodes
+
+    @property
+    def in_process(self) -> bool:
+        return self.processes == 1 and self.accelerate_config is None
+
+
+def _visible_gpus(env: Mapping[str, str], cuda_count: int) -> list[str]:
+    listed = env.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None and listed.strip():
+        ids = [d.strip() for d in listed.split(",") if d.strip()]
+        return ids[:cuda_count] if cuda_count else []
+    return [str(i) for i in range(cuda_count)]
+
+
+def _slurm_nodes(env: Mapping[str, str]) -> list[str]:
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        return []
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+    )
+    return out.stdout.split()
+
+
+def plan_launch(
+    cfg: Mapping[str, Any],
+    stage: str,
+    model: str | None,
+    env: Mapping[str, str] | None = None,
+    cuda_count: int | None = None,
+) -> LaunchPlan:
+    """How to run ``stage`` on the resources in ``env`` (default: this process's environment)."""
+    env = dict(os.environ if env is None else env)
+    if cuda_count is None:
+        import torch
+
+        cuda_count = torch.cuda.device_count()
+    dist = cfg["distributed"]
+    gpus = _visible_gpus(env, cuda_count)
+    nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1) if dist["nodes"] > 1 else 1
+    if dist["nodes"] > 1 and nodes != dist["nodes"]:
+        raise SystemExit(
+            f"rredcot launch: distributed.nodes is {dist['nodes']} but the job has {nodes} node(s)"
+        )
+    wants_server = (
+        stage == "train" and cfg["rl"]["gpu"]["use_vllm"] and cfg["rl"]["gpu"]["vllm_mode"] == "server"
+    )
+    if wants_server and not gpus:
+        raise SystemExit("rredcot launch: rl.gpu.vllm_mode server needs GPUs; none is visible to this job")
+    server = None
+    node_names = _slurm_nodes(env) if nodes > 1 else []
+    if wants_server:
+        vs = dist["vllm_server"]
+        if nodes > 1:  # a node of its own: the last one
+            server_gpus, node, host = gpus, node_names[-1], node_names[-1]
+            node_names, nodes = node_names[:-1], nodes - 1
+        else:
+            if vs["gpus"] >= len(gpus):
+                raise SystemExit(
+                    f"rredcot launch: the job sees {len(gpus)} GPU(s); distributed.vllm_server.gpus "
+                    f"({vs['gpus']}) must leave at least one for training (raise distributed.gpus_per_node)"
+                )
+            server_gpus, gpus, node, host = gpus[-vs["gpus"] :], gpus[: -vs["gpus"]], None, "127.0.0.1"
+        server = ServerPlan(server_gpus, node, host, vs["port"], _server_command(cfg, model, vs))
+    per_node = len(gpus) if cuda_count else dist["cpu_processes"]
+    return LaunchPlan(
+        stage=stage,
+        processes_per_node=max(1, per_node),
+        nodes=nodes,
+        train_gpus=gpus,
+        accelerate_config=dist["accelerate_config"],
+        cuda=bool(cuda_count),
+        server=server,
+        node_names=node_names,
+    )
+
+
+def _server_command(cfg: Mapping[str, Any], model: str | None, vs: Mapping[str, Any]) -> list[str]:
+    """TRL's `trl vllm-serve` command line (built by TRL, so its required flags stay TRL's)."""
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    if not model:
+        raise SystemExit("rredcot launch: the vLLM server needs the stage's --model")
+    args = ScriptArguments(
+        model=model,
+        tensor_parallel_size=vs["tensor_parallel_size"],
+        data_parallel_size=vs["data_parallel_size"],
+        host="0.0.0.0",
+        port=vs["port"],
+        gpu_memory_utilization=vs["gpu_memory_utilization"],
+        max_model_len=vs["max_model_len"],
+        dtype=cfg["model"]["dtype"],
+    )
+    return build_command(args)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stage_command(plan: LaunchPlan, cfg: Mapping[str, Any], stage_args: Sequence[str]) -> list[str]:
+    """The ``accelerate launch`` command of one node (``$SLURM_NODEID`` as the machine rank on many)."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+    if plan.accelerate_config:
+        cmd += ["--config_file", plan.accelerate_config]
+    elif plan.processes > 1:
+        cmd += ["--multi_gpu"]  # plain DDP (gloo without CUDA)
+    if not plan.cuda:
+        cmd += ["--use_cpu"] if plan.processes == 1 else []
+    cmd += ["--num_processes", str(plan.processes), "--num_machines", str(plan.nodes)]
+    if plan.nodes > 1:
+        cmd += ["--machine_rank", "$SLURM_NODEID", "--main_process_ip", plan.node_names[0]]
+        cmd += ["--main_process_port", str(cfg["distributed"]["main_process_port"])]
+    else:
+        cmd += ["--main_process_port", str(free_port())]
+    return [*cmd, "-m", STAGE_MODULES[plan.stage], *stage_args]
+
+
+def _wait_for_server(server: ServerPlan, proc: subprocess.Popen, timeout: float, log: Path) -> None:
+    url = f"http://{server.host}:{server.port}/health"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            raise SystemExit(
+                f"rredcot launch: the vLLM server exited ({proc.returncode}) before answering:\n{tail}"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(3)
+    raise SystemExit(
+        f"rredcot launch: no answer from the vLLM server at {url} within {timeout:.0f}s (log: {log})"
+    )
+
+
+def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run(
+    plan: LaunchPlan, cfg: Mapping[str, Any], stage_args: Sequence[str], server_log: Path, dry_run: bool
+) -> int:
+    """Start the server (if any), run the stage, stop the server; the stage's exit status."""
+    env = dict(os.environ)
+    if (
+        not plan.cuda
+        and plan.accelerate_config
+        and "deepspeed" in Path(plan.accelerate_config).read_text().lower()
+    ):
+        env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU backend (tests on machines without GPUs)
+    if plan.train_gpus and plan.cuda and plan.nodes == 1:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(plan.train_gpus)
+    command = stage_command(plan, cfg, stage_args)
+    if plan.nodes > 1:
+        inner = " ".join(a if a.startswith("$") else shlex.quote(a) for a in command)
+        hosts = ",".join(plan.node_names)
+        command = [
+            *("srun", f"--nodes={plan.nodes}", "--ntasks-per-node=1", f"--nodelist={hosts}"),
+            *("--kill-on-bad-exit=1", "bash", "-c", inner),
+        ]
+    server_cmd = None
+    if plan.server is not None:
+        server_cmd = plan.server.command
+        if plan.server.node is not None:
+            server_cmd = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={plan.server.node}", *server_cmd]
+        env["RREDCOT_VLLM_HOST"], env["RREDCOT_VLLM_PORT"] = plan.server.host, str(plan.server.port)
+    _log.info(
+        "%s: %d process(es) on %d node(s)%s%s",
+        plan.stage,
+        plan.processes,
+        plan.nodes,
+        f", GPUs {','.join(plan.train_gpus)}" if plan.train_gpus else " (CPU)" if not plan.cuda else "",
+        f"; vLLM server on GPUs {','.join(plan.server.gpus)}" if plan.server else "",
+    )
+    if dry_run:
+        if server_cmd:
+            print("server:", shlex.join(server_cmd))
+        print("stage:", " ".join(command))
+        return 0
+    server = None
+    if server_cmd is not None:
+        server_log.parent.mkdir(parents=True, exist_ok=True)
+        log = server_log
+        server_env = {
+            **env,
+            "VLLM_SERVER_DEV_MODE": "1",
+        }  # TRL's weight-sync endpoints (as trl vllm-serve sets)
+        if plan.server.node is None:
+            server_env["CUDA_VISIBLE_DEVICES"] = ",".join(plan.server.gpus)
+        _log.info("starting the vLLM server (log: %s)", log)
+        with open(log, "w") as fh:
+            server = subprocess.Popen(
+                server_cmd, env=server_env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        try:
+            _wait_for_server(plan.server, server, cfg["distributed"]["vllm_server"]["startup_timeout"], log)
+        except BaseException:
+            _stop(server)
+            raise
+        _log.info("vLLM server answers at %s:%d", plan.server.host, plan.server.port)
+    try:
+        return subprocess.call(command, env=env)
+    finally:
+        if server is not None:
+            _stop(server)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(
+        prog="rredcot launch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="rredcot launch {train,sft} [--dry-run] STAGE-ARGS (the stage's --config, --model, ...)",
+    )
+    ap.add_argument("stage", choices=sorted(STAGE_MODULES))
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and commands, run nothing")
+    known, stage_args = ap.parse_known_args(argv)
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--config", nargs="+", required=True)
+    peek.add_argument("--model")
+    peek.add_argument("--out")
+    seen, _ = peek.parse_known_args(stage_args)
+    from rredcot.settings.reads import stage_config
+
+    cfg = stage_config(seen.config, known.stage)  # what the stage reads; its arm's entry is not needed
+    plan = plan_launch(cfg, known.stage, seen.model)
+    if plan.in_process and not known.dry_run:
+        import importlib
+
+        importlib.import_module(STAGE_MODULES[known.stage]).main(stage_args)
+        return
+    name = (seen.out or known.stage).strip("/").replace("/", "_")
+    server_log = Path(cfg["results_dir"]) / "logs" / "vllm-server" / f"{name}.log"
+    raise SystemExit(run(plan, cfg, stage_args, server_log, known.dry_run))

@@ -1,0 +1,148 @@
+"""Tables and figures from evaluation summaries and learning curves.
+
+``table1``: rows = benchmark x metric, columns = base (SFT) and every arm, each as mean and standard
+deviation over seeds plus the number of seeds (the paper's Table 1 shape, with spread).
+``curve``: held-out accuracy (greedy and sampled panels) vs RL step, one line per arm, seeds as a
+band (mean +- sd).
+
+CLI: ``rredcot report --config C --summaries S1.json ... --curves c1.csv ... --table table1.csv
+--figure learning_curve.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from rredcot.infra.io import atomic_path
+from rredcot.infra.logs import setup_logging
+from rredcot.infra.results import BASE, load_summaries
+from rredcot.settings.config import active_arms, arm_label
+from rredcot.settings.reads import stage_config
+
+_log = logging.getLogger(__name__)
+
+
+def comparison_table(long: pl.DataFrame, arms: Sequence[str], labels: Mapping[str, str]) -> pl.DataFrame:
+    """Wide table: one row per benchmark and metric; mean, sd and seed count per arm."""
+    stats = long.group_by(["benchmark", "metric", "arm"]).agg(
+        pl.col("value").mean().alias("mean"),
+        pl.col("value").std(ddof=1).fill_null(0.0).alias("sd"),
+        pl.col("seed").n_unique().alias("n_seeds"),
+    )
+    out = stats.select("benchmark", "metric").unique()
+    for arm in [BASE, *arms]:
+        name = labels.get(arm, arm)
+        part = stats.filter(pl.col("arm") == arm).select(
+            "benchmark",
+            "metric",
+            pl.col("mean").round(4).alias(f"{name}_mean"),
+            pl.col("sd").round(4).alias(f"{name}_sd"),
+            pl.col("n_seeds").alias(f"{name}_seeds"),
+        )
+        out = out.join(part, on=["benchmark", "metric"], how="left")
+    # "all" last, levels in natural order; greedy before sampled metrics.
+    return out.sort([pl.col("benchmark") == "all", "benchmark", "metric"])
+
+
+def write_table(cfg: Mapping[str, Any], summaries: Sequence[str], out: str | Path) -> pl.DataFrame:
+    arms = active_arms(cfg)
+    labels = {BASE: "base_sft", **{a: arm_label(cfg, a).lower().replace(" ", "_") for a in arms}}
+    table = comparison_table(load_summaries(summaries), arms, labels)
+    with atomic_path(out) as tmp:
+        table.write_csv(tmp)
+    return table
+
+
+def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) -> None:
+    """Learning curves as PNG (and PDF beside it), seeds drawn as a mean +- sd band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    df = pl.concat([pl.read_csv(c) for c in curves])
+    df = df.with_columns(
+        pl.col("arm")
+        .replace_strict({a: arm_label(cfg, a) for a in cfg["arms"]}, default=pl.col("arm"))
+        .alias("method")
+    )
+    n_seeds = df["seed"].n_unique()
+    long = df.unpivot(
+        index=["method", "seed", "step"],
+        on=["greedy", "sampled"],
+        variable_name="decoding",
+        value_name="accuracy",
+    ).to_pandas()
+    sns.set_theme(style="whitegrid", context="paper")
+    present = set(long["method"])
+    order = [m for m in dict.fromkeys(arm_label(cfg, a) for a in active_arms(cfg)) if m in present]
+    order += sorted(present - set(order))
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.6), sharex=True)
+    k, temp = cfg["eval"]["n_samples"], cfg["eval"]["temperature"]
+    titles = {"greedy": "greedy decoding", "sampled": f"sampled (mean of {k} at T={temp})"}
+    for ax, (decoding, title) in zip(axes, titles.items(), strict=True):
+        sns.lineplot(
+            data=long[long["decoding"] == decoding],
+            x="step",
+            y="accuracy",
+            hue="method",
+            hue_order=order,
+            errorbar="sd",
+            marker="o",
+            ax=ax,
+            legend=ax is axes[0],
+        )
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("held-out accuracy")
+    n_probe = cfg["rl"]["eval_problems"]
+    fig.suptitle(
+        f"Learning curves: {n_probe} held-out problems, {n_seeds} seeds per method (band: mean +- sd)",
+        fontsize=10,
+    )
+    # One legend for both panels, outside them: with many arms an inside legend hides the curves.
+    handles, names = axes[0].get_legend_handles_labels()
+    axes[0].get_legend().remove()
+    fig.legend(handles, names, title="method", loc="center left", bbox_to_anchor=(0.99, 0.5), frameon=False)
+    fig.tight_layout()
+    out = Path(out)
+    for target in (out, out.with_suffix(".pdf")):
+        with atomic_path(target) as tmp:
+            fig.savefig(tmp, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from rredcot.infra.tracking import stage_run
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
+    ap.add_argument(
+        "--summaries", nargs="+", required=True, help="evaluation summaries (JSON), base and arms"
+    )
+    ap.add_argument("--curves", nargs="+", required=True, help="learning curves (CSV) of the trained arms")
+    ap.add_argument("--table", required=True, help="output comparison table (CSV)")
+    ap.add_argument(
+        "--figure", required=True, help="output learning-curve figure (PNG; a PDF is written beside)"
+    )
+    args = ap.parse_args(argv)
+    cfg = stage_config(args.config, "report")
+    with stage_run(cfg, "report", rule="report") as run:
+        table = write_table(cfg, args.summaries, args.table)
+        with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200):
+            _log.info("\n%s", table)
+        plot_curves(cfg, args.curves, args.figure)
+        for path in (args.table, args.figure, Path(args.figure).with_suffix(".pdf")):
+            run.log_artifact(path)
+
+
+if __name__ == "__main__":
+    setup_logging()
+    main()

@@ -1,0 +1,188 @@
+"""SFT warm-up: the starting policy for every RL arm.
+
+For ``model.kind: scratch`` a byte-level BPE tokenizer is trained on the SFT split and a small Qwen2
+model is initialised; for ``pretrained`` the checkpoint named in the config is loaded. Either way
+TRL's SFTTrainer fits the teacher completions (loss on completion tokens only) and the result is
+saved with ``save_pretrained``. Checkpoints every ``sft.save_every`` steps go to
+``--checkpoint-dir``; a rerun after a crash resumes from the last one (docs/RESUME.md).
+
+Launched by ``rredcot launch sft`` (one process, or ``accelerate launch`` with the config's
+``distributed`` settings); only the main process writes. Float32 master weights; ``model.dtype``
+bfloat16 trains under autocast.
+
+CLI: ``python -m rredcot.stages.sft --config C --data sft.jsonl --out results/models/sft``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+from trl import SFTConfig, SFTTrainer
+
+from rredcot.adapter.distributed import process_state, save_model_whole
+from rredcot.data.records import format_prompt, sft_records
+from rredcot.infra.io import read_jsonl
+from rredcot.infra.logs import setup_logging
+from rredcot.infra.resume import (
+    SAVE_TOTAL_LIMIT,
+    RunLogger,
+    checkpoint_step,
+    discard,
+    fingerprint,
+    prepare_shared,
+    record,
+)
+from rredcot.lm.modeling import build_scratch_model, load_model, load_tokenizer, set_threads, train_tokenizer
+from rredcot.settings.reads import stage_config, stage_settings
+
+_log = logging.getLogger(__name__)
+
+
+class MetricsCallback(RunLogger):
+    """Forwards the trainer's logged numbers to the job's MLflow run (in step with the checkpoints)."""
+
+    def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
+        if logs:
+            self.log({k: float(v) for k, v in logs.items() if isinstance(v, int | float)}, state.global_step)
+
+
+def build_start(cfg: Mapping[str, Any], rows: list[dict], resume_from: Path | None = None) -> tuple[Any, Any]:
+    """Tokenizer and untrained (or pretrained) model for SFT.
+
+    A resumed job takes the tokenizer it trained before from the checkpoint rather than training it
+    again; the Trainer then loads the checkpoint's weights over the model."""
+    spec = cfg["model"]
+    if spec["kind"] == "pretrained":  # float32 master weights; autocast computes in model.dtype
+        return load_tokenizer(spec["name_or_path"]), load_model(spec["name_or_path"], "float32")
+    if resume_from is not None:
+        tok = load_tokenizer(resume_from)
+    else:
+        template = cfg["prompt"]["template"]
+        tok = train_tokenizer(
+            [format_prompt(template, r["problem"]) + r["completion"] for r in rows], spec["vocab_size"]
+        )
+    return tok, build_scratch_model(tok, spec, cfg["sft"]["seed"])
+
+
+def mean_loss(training_loss: float, state: Any, resumed_step: int) -> float:
+    """Mean training loss per step, also for a resumed job.
+
+    The Trainer divides the loss summed in this attempt by all steps. On resume add the losses the
+    earlier attempt logged up to the checkpoint and divide by the steps they cover (steps after its
+    last log are lost with the killed process)."""
+    if not resumed_step:
+        return training_loss
+    total, covered = training_loss * state.global_step, 0
+    for logs in state.log_history:
+        if "loss" in logs and logs["step"] <= resumed_step:
+            total += logs["loss"] * (logs["step"] - covered)
+            covered = logs["step"]
+    return total / max(1, covered + state.global_step - resumed_step)
+
+
+def job_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What changes the SFT result, the rule's params (rredcot.settings.reads): checkpoints are resumed
+    only under the same settings."""
+    return stage_settings(cfg, "sft")
+
+
+def run_sft(
+    cfg: Mapping[str, Any], data: str, out: Path, run: Any, checkpoints: Path, resume_from: Path | None = None
+) -> dict[str, float]:
+    rows = read_jsonl(data)
+    tok, model = build_start(cfg, rows, resume_from)
+    tok.padding_side = "right"  # training pads on the right; generation switches to left
+    records = sft_records(rows, cfg["prompt"]["template"], tok.eos_token)
+    s = cfg["sft"]
+    args = SFTConfig(
+        output_dir=str(checkpoints),
+        per_device_train_batch_size=s["batch_size"],
+        num_train_epochs=s["epochs"],
+        learning_rate=s["learning_rate"],
+        lr_scheduler_type="cosine",
+        warmup_steps=s["warmup_steps"],
+        weight_decay=s["weight_decay"],
+        max_length=s["max_length"],
+        logging_steps=25,
+        save_strategy="steps" if s["save_every"] else "no",
+        save_steps=max(1, s["save_every"]),
+        save_total_limit=SAVE_TOTAL_LIMIT,
+        report_to="none",
+        bf16=cfg["model"]["dtype"] == "bfloat16",
+        fp16=cfg["model"]["dtype"] == "float16",
+        use_cpu=not torch.cuda.is_available(),
+        seed=s["seed"],
+        dataloader_num_workers=0,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(records),
+        processing_class=tok,
+        callbacks=[MetricsCallback(run, hold=s["save_every"] > 0)],
+    )
+    t0 = time.time()
+    result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    save_model_whole(trainer, tok, out)  # the model appears whole or not at all
+    resumed_step = checkpoint_step(resume_from) if resume_from else 0
+    return {
+        "sft_seconds": time.time() - t0,
+        "resumed_from_step": resumed_step,
+        "sft_final_loss": mean_loss(float(result.training_loss), trainer.state, resumed_step),
+        "n_params": float(sum(p.numel() for p in model.parameters())),
+        "n_examples": float(len(records)),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from rredcot.infra.tracking import stage_run
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
+    ap.add_argument("--data", required=True, help="SFT split (JSONL with problem and completion)")
+    ap.add_argument("--out", required=True, help="output model directory")
+    ap.add_argument(
+        "--checkpoint-dir",
+        help="checkpoints of this job, kept across crashes (<results_dir>/checkpoints/sft)",
+    )
+    args = ap.parse_args(argv)
+    cfg = stage_config(args.config, "sft")
+    set_threads(cfg["threads"]["sft"])
+    state = process_state()
+    main_process = state.is_main_process
+    checkpoints = Path(args.checkpoint_dir or Path(cfg["results_dir"]) / "checkpoints" / "sft")
+    digest = fingerprint(job_settings(cfg), [args.data])
+    s = cfg["sft"]
+    start = prepare_shared(state, checkpoints, digest, s["resume"] and s["save_every"] > 0, "sft")
+    if start.checkpoint and main_process:
+        _log.info(f"resuming from {start.checkpoint.name}")
+    with stage_run(
+        cfg,
+        "sft",
+        rule="sft",
+        params={"model": cfg["model"], "sft": cfg["sft"], "data": args.data},
+        tags=start.tags,
+        resume=start.run_id,
+        active=main_process,
+    ) as run:
+        if main_process and s["save_every"] > 0:
+            record(checkpoints, digest, run.run_id)
+        summary = run_sft(cfg, args.data, Path(args.out), run, checkpoints, start.checkpoint)
+        if main_process:
+            run.log_metrics(summary)
+            _log.info(f"{summary}")
+    state.wait_for_everyone()
+    if main_process:
+        discard(checkpoints)  # only now: a kill before this point resumes at the last step
+
+
+if __name__ == "__main__":
+    setup_logging()
+    main()

@@ -1,0 +1,117 @@
+"""The settings each stage reads (rredcot.settings.reads): one list for rule params, resume
+fingerprints and the config view a stage is held to. The workflow side (a changed setting reruns
+exactly its readers under ``snakemake -n``) is in test_workflow.py."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+
+from rredcot.settings.config import ConfigError, validate
+from rredcot.settings.reads import READS, UndeclaredSetting, stage_settings, stage_view
+from rredcot.stages import sft as sft_stage
+from rredcot.stages import train as train_stage
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = validate({})
+
+
+def _leaves(tree: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        out += _leaves(value, name + ".") if isinstance(value, dict) and value else [name]
+    return out
+
+
+def _set(tree: dict, key: str, value) -> dict:
+    out = json.loads(json.dumps(tree))
+    node = out
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    return out
+
+
+@pytest.mark.parametrize("stage", sorted(READS))
+def test_every_declared_key_is_a_setting(stage: str) -> None:
+    view = stage_view(CFG, stage, "rredcot")
+    json.dumps(view)  # plain data: loggable, picklable
+    assert pickle.loads(pickle.dumps(view)) == view
+
+
+@pytest.mark.parametrize("stage", sorted(READS))
+def test_settings_change_exactly_with_their_computes_keys(stage: str) -> None:
+    """Every leaf of the config, changed on its own: the stage's settings change iff the leaf lies
+    under a computes key and not under a runs key."""
+    reads = READS[stage]
+    variant = next(iter(reads.variants), None)
+    keys = [k.format(arm="rredcot") for k in (*reads.computes, *reads.variants.get(variant, ()))]
+    runs = [k.format(arm="rredcot") for k in reads.runs]
+    before = stage_settings(CFG, stage, "rredcot", variant)
+    for leaf in _leaves(CFG):
+        after = stage_settings(_set(CFG, leaf, "<changed>"), stage, "rredcot", variant)
+        under = any(leaf == k or leaf.startswith(k + ".") for k in keys)
+        skipped = any(leaf == k or leaf.startswith(k + ".") for k in runs)
+        assert (after != before) == (under and not skipped), f"{stage}: {leaf}"
+
+
+def test_the_view_refuses_undeclared_settings() -> None:
+    view = stage_view(CFG, "evaluate")
+    assert view["eval"]["n_samples"] == CFG["eval"]["n_samples"]
+    assert view["model"]["dtype"] == CFG["model"]["dtype"]
+    with pytest.raises(UndeclaredSetting, match="'model.hidden_size'"):
+        view["model"]["hidden_size"]
+    with pytest.raises(UndeclaredSetting, match="'rl'"):
+        view.get("rl")
+    with pytest.raises(UndeclaredSetting, match="stage 'evaluate'"):
+        view["credit"]
+
+
+def test_a_job_sees_only_its_own_arm() -> None:
+    view = stage_view(CFG, "train", "entropy")
+    assert list(view["arms"]) == ["entropy"]
+    assert "arms.entropy" in stage_settings(view, "train", "entropy")
+    with pytest.raises(ConfigError, match="unknown arm 'nope'"):
+        stage_view(CFG, "train", "nope")
+
+
+def test_checkpoint_settings_are_not_computed_with() -> None:
+    for stage, section in (("train", "rl"), ("sft", "sft")):
+        settings = stage_settings(CFG, stage, "grpo")[section]
+        assert "save_every" not in settings and "resume" not in settings
+        assert "learning_rate" in settings
+
+
+def test_variants_differ_only_in_their_own_keys() -> None:
+    analysis = stage_settings(CFG, "study_traces", variant="analysis")
+    prm = stage_settings(CFG, "study_traces", variant="prm")
+    assert set(analysis) ^ set(prm) == {"studies.n_traces", "studies.prm.n_traces"}
+    with pytest.raises(KeyError, match="needs a variant"):
+        stage_settings(CFG, "study_traces")
+
+
+def test_resume_fingerprints_use_the_same_settings() -> None:
+    view = stage_view(CFG, "train", "rredcot")
+    assert train_stage.job_settings(view, "rredcot", 3) == {
+        "settings": stage_settings(CFG, "train", "rredcot"),
+        "seed": 3,
+    }
+    assert sft_stage.job_settings(stage_view(CFG, "sft")) == stage_settings(CFG, "sft")
+
+
+def test_every_rule_and_stage_use_the_declared_reads() -> None:
+    """Each rule's params hold `settings("<its stage>")`, and each stage module opens that view."""
+    rules = "".join(p.read_text() for p in (ROOT / "workflow" / "rules").glob("*.smk"))
+    blocks = dict(re.findall(r"^\s*rule (\w+):\n(.*?)(?=^\s*rule |\Z)", rules, re.M | re.S))
+    assert set(READS) <= set(blocks) | {"fetch"} and "fetch" in rules
+    for stage in READS:
+        assert f'settings=settings("{stage}")' in blocks.get(stage, rules), stage
+    sources = "".join(p.read_text() for p in (ROOT / "src" / "rredcot").rglob("*.py"))
+    for stage in READS:
+        assert re.search(rf'stage_config\([^)]*"{stage}"', sources), stage
