@@ -359,38 +359,48 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "models": {},
     }
+    def save() -> str:
+        # Written after every section, so a run cut short by a time limit keeps what it measured.
+        text = json.dumps(
+            report, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x)
+        )
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = args.out.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(args.out)
+        return text
+
+    smallest = next(iter(shapes.values()))
+    _log.info("RREDCoTTrainer steps")
+    report["trainer_steps"] = _guarded(
+        lambda: trainer_steps(smallest, vocab if args.tiny else 32768, device, 64 if args.tiny else 512)
+    )
+    save()
     for name, shape in shapes.items():
         _log.info(f"{name}: scoring")
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model = build(shape, vocab, max(lengths), device, dtype)
         entry = {"parameters_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 3)}
+        report["models"][name] = entry
         entry["scoring"] = scoring(model, vocab, lengths, exits, device, autocast=False)
+        save()
         del model
         model = build(shape, vocab, max(lengths), device, torch.float32)
         _log.info(f"{name}: bf16 vs fp32 sigma")
         entry["sigma_bf16_vs_fp32"] = _guarded(
             lambda model=model: sigma_agreement(model, vocab, min(lengths), exits, device)
         )
+        save()
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
         _log.info(f"{name}: TRL micro-batch")
         entry["micro_batch"] = micro_batch(shape, vocab, lengths, device)
-        report["models"][name] = entry
+        save()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    smallest = next(iter(shapes.values()))
-    _log.info("RREDCoTTrainer steps")
-    report["trainer_steps"] = _guarded(
-        lambda: trainer_steps(smallest, vocab if args.tiny else 32768, device, 64 if args.tiny else 512)
-    )
-    text = json.dumps(
-        report, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x)
-    )
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    print(save())
 
 
 if __name__ == "__main__":
