@@ -359,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "models": {},
     }
+
     def save() -> str:
         # Written after every section, so a run cut short by a time limit keeps what it measured.
         text = json.dumps(
