@@ -9,11 +9,11 @@ from rredcot.studies.localisation import culprit, summarise, trace_localisation
 PROBLEM = "Start at 5, minus 3, times 9, times 8. Work mod 10."  # 2, 8, 4
 
 
-def test_culprit_in_the_thinking_is_the_line_that_set_the_first_wrong_value() -> None:
+def test_culprit_in_the_thinking_is_the_wrong_value_the_solution_copied() -> None:
     text = "First, 5 - 3 = 2.\nNext, 2 * 9 = 7.\nFinally, 7 * 8 = 6.\n</think>\n"
     text += "5 - 3 = 2, 2 * 9 = 7, 7 * 8 = 6. \\boxed{6}"
     where, at = culprit(PROBLEM, text)
-    assert where == "thinking" and text[at:].startswith("Next, 2 * 9 = 7")
+    assert where == "thinking" and text[at:].startswith("7.\nFinally, 7 * 8")
 
 
 def test_a_corrected_slip_is_not_the_culprit_but_a_wrong_correction_is() -> None:
@@ -21,7 +21,7 @@ def test_a_corrected_slip_is_not_the_culprit_but_a_wrong_correction_is() -> None
     assert culprit(PROBLEM, fixed + "5 - 3 = 2, 2 * 9 = 8, 8 * 8 = 4. \\boxed{4}") is None
     broken = "First, 5 - 3 = 2.\nWait, 5 - 3 = 3.\nNext, 3 * 9 = 7.\n"
     where, at = culprit(PROBLEM, broken + "</think>\n\\boxed{7}")
-    assert where == "thinking" and broken[at:].startswith("Wait, 5 - 3 = 3")
+    assert where == "thinking" and broken[at:].startswith("3.\nNext, 3 * 9")
 
 
 def test_right_thinking_and_wrong_final_solution_blames_the_answer() -> None:
@@ -75,14 +75,14 @@ def test_a_thinking_error_the_solution_did_not_copy_is_not_the_culprit() -> None
     assert where == "answer" and text[at:].startswith("</think>")
     # Without a final solution to read, the first wrong kept value is taken.
     where, at = culprit(PROBLEM, text + "\\boxed{6}")
-    assert where == "thinking" and text[at:].startswith("Next, 2 * 9 = 7")
+    assert where == "thinking" and text[at:].startswith("7.\nFinally, 7 * 8")
 
 
 def test_thinking_lines_that_hold_the_step_alone() -> None:
     # data.synthetic.restate_value false: "* 9 = 7" without the value the step starts from.
     text = "First, - 3 = 2.\nNext, * 9 = 7.\nFinally, * 8 = 6.\n</think>\n"
     where, at = culprit(PROBLEM, text + "5 - 3 = 2, 2 * 9 = 7, 7 * 8 = 6. \\boxed{6}")
-    assert where == "thinking" and text[at:].startswith("Next, * 9 = 7")
+    assert where == "thinking" and text[at:].startswith("7.\nFinally, * 8")
 
 
 def test_pictures_of_wrong_traces_per_culprit_kind(tmp_path) -> None:

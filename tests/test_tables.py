@@ -34,3 +34,44 @@ def test_cost_table_ratios(tmp_path):
     # Within the run: the median over steps of step / (step - credit) = median(1.5, 1.2, 1.333).
     assert rredcot["step_ratio_within_run"] == pytest.approx(1.333, abs=1e-3)
     assert rredcot["step_ratio_to_grpo"] == pytest.approx(1.2 / 1.1, abs=1e-3)
+
+
+def _evaluation(folder, arm: str, seed: int, greedy: list[int], sampled: list[list[int]]) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    summary = folder / f"{arm}-seed{seed}.summary.json"
+    summary.write_text(json.dumps({"arm": arm, "seed": seed, "benchmarks": {}}))
+    rows = [
+        {"id": f"p{i}", "greedy_correct": bool(g), "sample_correct": [bool(x) for x in s]}
+        for i, (g, s) in enumerate(zip(greedy, sampled, strict=True))
+    ]
+    (folder / f"{arm}-seed{seed}.records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(summary)
+
+
+def test_paired_table_against_the_first_arm(tmp_path):
+    from rredcot.stages.report import paired_table
+
+    cfg = load_config("config/config.yaml", {"run_arms": ["grpo", "oracle"], "studies": {"bootstrap": 200}})
+    summaries, curves = [], []
+    for seed in (0, 1, 2):
+        # The oracle solves 6 of 8 problems greedily, GRPO 3; sampled: 1 of 2 samples more per problem.
+        summaries.append(_evaluation(tmp_path, "grpo", seed, [1, 1, 1, 0, 0, 0, 0, 0], [[1, 0]] * 8))
+        summaries.append(_evaluation(tmp_path, "oracle", seed, [1, 1, 1, 1, 1, 1, 0, 0], [[1, 1]] * 8))
+        curve = tmp_path / f"curve{seed}.csv"
+        lines = ["arm,seed,step,greedy,sampled"]
+        lines += [f"grpo,{seed},{t},{g},{g}" for t, g in zip((0, 10, 20), (0.1, 0.2, 0.375), strict=True)]
+        lines += [f"oracle,{seed},{t},{g},{g}" for t, g in zip((0, 10, 20), (0.1, 0.4, 0.75), strict=True)]
+        curve.write_text("\n".join(lines) + "\n")
+        curves.append(str(curve))
+    table = {r["metric"]: r for r in paired_table(cfg, summaries, curves).to_dicts()}
+    greedy, sampled = table["greedy"], table["sampled"]
+    assert (greedy["arm"], greedy["reference"], greedy["seeds"], greedy["problems"]) == (
+        "Oracle",
+        "GRPO",
+        3,
+        8,
+    )
+    assert greedy["diff"] == pytest.approx(3 / 8) and 0 < greedy["diff_low"] <= greedy["diff_high"]
+    assert sampled["diff"] == pytest.approx(0.5) and sampled["diff_low"] == sampled["diff_high"] == 0.5
+    # GRPO ends at 0.375; the oracle's mean curve is past it at step 10.
+    assert greedy["steps_to_reference"] == 10 and greedy["steps_low"] == greedy["steps_high"] == 10

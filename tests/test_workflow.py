@@ -22,7 +22,7 @@ from rredcot.settings.reads import READS
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-ARMS = ["bnpo", "dapo", "dr_grpo", "entropy", "grpo", "rredcot", "rredcot_entropy"]
+ARMS = ["bnpo", "dapo", "dr_grpo", "entropy", "entropy_mask", "grpo", "oracle", "rredcot", "rredcot_entropy"]
 
 
 def _run(args: list[str], results: Path, overlay: Path | None = None, **kw) -> subprocess.CompletedProcess:
@@ -82,10 +82,28 @@ def train_runs(smoke: Path) -> list:
 @pytest.mark.slow
 def test_table1_has_every_arm(smoke: Path) -> None:
     table = pl.read_csv(smoke / "table1.csv")
-    labels = ["grpo", "rredcot", "entropy", "rredcot+entropy", "bnpo", "dr.grpo", "dapo"]
+    labels = [
+        "grpo",
+        "rredcot",
+        "entropy",
+        "rredcot+entropy",
+        "bnpo",
+        "dr.grpo",
+        "dapo",
+        "oracle",
+        "grpo_80/20",
+    ]
     assert {"benchmark", "metric", "base_sft_mean", *(f"{a}_mean" for a in labels)} <= set(table.columns)
     assert set(table["grpo_seeds"].to_list()) == {2}
     assert "all" in table["benchmark"].to_list()
+
+
+@pytest.mark.slow
+def test_paired_comparison_with_the_first_arm(smoke: Path) -> None:
+    paired = pl.read_csv(smoke / "paired.csv")
+    assert set(paired["reference"].to_list()) == {"GRPO"}
+    assert paired.height == 2 * (len(ARMS) - 1)  # every other arm, greedy and sampled
+    assert set(paired["seeds"].to_list()) == {2} and (paired["diff_low"] <= paired["diff_high"]).all()
 
 
 @pytest.mark.slow
@@ -169,6 +187,7 @@ def test_train_runs_are_tagged_and_logged(smoke: Path, train_runs: list) -> None
     }
     assert kinds["rredcot_entropy"] == ("rredcot+entropy", "grpo")
     assert kinds["dr_grpo"] == ("uniform", "dr_grpo")
+    assert kinds["oracle"] == ("oracle", "grpo")
     client = MlflowClient(tracking_uri=f"sqlite:///{smoke}/mlflow.db")
     for run in train_runs:
         history = client.get_metric_history(run.info.run_id, "heldout_sampled_accuracy")

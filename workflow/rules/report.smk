@@ -5,6 +5,12 @@ rule report:
             arm=["base", *ARMS],
             seed=SEEDS,
         ),
+        # Per-problem records beside each summary (read for the paired comparison).
+        records=expand(
+            f"{R}/eval/{{arm}}/seed{{seed}}.records.jsonl",
+            arm=["base", *ARMS],
+            seed=SEEDS,
+        ),
         curves=expand(f"{R}/train/{{arm}}/seed{{seed}}/curve.csv", arm=ARMS, seed=SEEDS),
     output:
         table=report(TABLE, caption="../report/table.rst", category="Tables"),
@@ -14,6 +20,7 @@ rule report:
             category="Training",
         ),
         pdf=f"{R}/figures/learning_curve.pdf",
+        paired=report(f"{R}/paired.csv", caption="../report/paired.rst", category="Tables"),
     log:
         f"{R}/logs/report.log",
     conda:
@@ -23,7 +30,8 @@ rule report:
         settings=settings("report"),
     shell:
         "rredcot report --config {params.cfg} --summaries {input.summaries}"
-        " --curves {input.curves} --table {output.table} --figure {output.png} > {log} 2>&1"
+        " --curves {input.curves} --table {output.table} --paired {output.paired}"
+        " --figure {output.png} > {log} 2>&1"
 
 
 # table2 (base vs GRPO- vs RREDCoT-trained, with the paper's quoted values apart) and the cost of each

@@ -20,6 +20,7 @@ from trl import GRPOConfig
 from rredcot.adapter.distributed import process_state
 from rredcot.adapter.trainer import RREDCoTTrainer
 from rredcot.data.records import correctness_reward, rl_records
+from rredcot.data.synthetic import culprit_offset
 from rredcot.infra.resume import SAVE_TOTAL_LIMIT
 from rredcot.lm.modeling import load_tokenizer
 from rredcot.settings.config import credit_config
@@ -82,6 +83,7 @@ def grpo_args(
     return GRPOConfig(
         output_dir=str(output_dir),
         loss_type=cfg["arms"][arm].get("loss_type", "grpo"),  # TRL's default is dapo: be explicit
+        top_entropy_quantile=cfg["arms"][arm].get("top_entropy_quantile", 1.0),
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulate,
         num_generations=rl["num_generations"],
@@ -133,6 +135,7 @@ def build_trainer(
     args = grpo_args(cfg, arm, seed, output_dir, process_state().num_processes)
     # Master weights in float32 (autocast computes in model.dtype); accelerate places the model.
     args.model_init_kwargs = {"dtype": torch.float32, "device_map": None}
+    credit = credit_config(cfg, arm)
     return RREDCoTTrainer(
         model=str(model_dir),
         reward_funcs=list(reward_funcs),
@@ -140,5 +143,7 @@ def build_trainer(
         train_dataset=train_ds,
         processing_class=tok,
         callbacks=list(callbacks),
-        credit=credit_config(cfg, arm),
+        credit=credit,
+        # Only the synthetic task knows where a trace goes wrong (it raises for any other problem).
+        culprit=culprit_offset if credit.kind.needs_culprits else None,
     )

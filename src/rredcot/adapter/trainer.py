@@ -22,7 +22,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -44,13 +44,28 @@ class RREDCoTTrainer(GRPOTrainer):
     Pass ``credit=CreditConfig(...)`` in addition to the usual GRPOTrainer arguments. Dataset columns
     by method: ``uniform`` and ``entropy`` need none beyond TRL's; ``rredcot*`` need ``answer`` (the
     reference answer) and ``reference`` (the reference solution text; empty is allowed), and
-    optionally ``reference_log_q`` (``proposal: given``) and ``reference_utility``. Credit records of
-    sampled traces accumulate in ``credit_views`` (main process) when ``view_every`` > 0.
+    optionally ``reference_log_q`` (``proposal: given``) and ``reference_utility``. ``oracle`` needs
+    ``culprit``: a function of a dataset row and a completion's text that returns the character
+    offset where the completion first goes wrong (None: nowhere), which only a task that can check
+    every step knows (``rredcot.data.synthetic.culprit``). Credit records of sampled traces
+    accumulate in ``credit_views`` (main process) when ``view_every`` > 0.
     """
 
-    def __init__(self, *args: Any, credit: CreditConfig | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        credit: CreditConfig | None = None,
+        culprit: Callable[[dict[str, Any], str], int | None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.credit = credit or CreditConfig()
+        if self.credit.kind.needs_culprits and culprit is None:
+            raise ValueError(
+                f"credit method {self.credit.method!r} needs culprit=: where each completion first goes "
+                "wrong, which only a task that can check every step knows (the synthetic task)"
+            )
+        self.culprit = culprit
         self.credit_views: list[dict[str, Any]] = []
         self.assigner = CreditAssigner(self.processing_class, self.credit)
         self._value_model: torch.nn.Module | None = None
@@ -198,6 +213,8 @@ class RREDCoTTrainer(GRPOTrainer):
             item.prompt_ids = prompt_ids[i][prompt_mask[i].bool()].tolist()
             item.completion_ids = completion_ids[i][: lengths[i]].tolist()
             item.advantage = float(advantages[i])
+            if self.credit.kind.needs_culprits:
+                item.culprit = self._culprit_token(inputs[i], item.completion_ids)
             items.append(item)
         with self._credit_models() as (policy, value_model):  # collective on entry and exit
             credits = self.assigner.assign(policy, items, value_model)
@@ -212,6 +229,19 @@ class RREDCoTTrainer(GRPOTrainer):
         if self.accelerator.is_main_process:
             self._keep_views(inputs, rows, [it.completion_ids for it in items], advantages, credits)
         return per_token
+
+    def _culprit_token(self, row: dict[str, Any], completion: list[int]) -> int | None:
+        """The token holding the character where the task says a completion first goes wrong."""
+        texts = self.assigner.token_texts(completion)
+        char = self.culprit(row, "".join(texts))
+        if char is None:
+            return None
+        end = 0
+        for j, text in enumerate(texts):
+            end += len(text)
+            if end > char:
+                return j
+        return len(texts) - 1 if texts else None
 
     def _keep_views(
         self,

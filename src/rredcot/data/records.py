@@ -82,6 +82,7 @@ def rl_records(
     return [
         {
             "prompt": build_prompt(template, row["problem"], tokenizer),
+            "problem": str(row["problem"]),
             "answer": str(row["answer"]),
             "reference": reference_solution(row.get("solution")) or "",
             "level": int(row.get("level") or 0),

@@ -14,7 +14,7 @@ import argparse
 import random
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +136,69 @@ def solve(problem: str) -> str | None:
     """Recompute the answer of a problem text; ``None`` if it is not a synthetic problem."""
     parsed = parse_problem(problem)
     return None if parsed is None else str(run_chain(*parsed)[-1])
+
+
+# The value a step starts from is optional: thinking lines may hold the step alone ("* 4 = 4").
+_EQUATION = re.compile(r"(\d+\s*)?([-+*])\s*(\d+)\s*=\s*(\d+)")
+
+
+def culprit(problem: str, completion: str) -> tuple[str, int] | None:
+    """(``"thinking"`` or ``"answer"``, character offset in the completion) of where a trace goes
+    wrong, or None when the problem is not synthetic or the final answer is right. The offset is
+    that of the wrong value in the thinking line that set it, or of the exit string that opens the
+    final solution.
+
+    The final answer inherits its error from the first wrong value of the final solution. When the
+    thinking kept that same wrong value for that step, the solution copied it: the culprit is the
+    thinking line that set it. Otherwise the solution went wrong on its own (a slip in copying, or in
+    a step it computed itself; a thinking error it did not copy did not matter): the culprit is the
+    answer segment. Without a final solution the first wrong kept value of the thinking is taken.
+    """
+    parsed = parse_problem(problem)
+    if parsed is None:
+        return None
+    start, steps, modulus = parsed
+    truth = run_chain(start, steps, modulus)
+    end = completion.find(THINK_END.strip())
+    thinking = completion if end < 0 else completion[:end]
+    kept: list[tuple[int, int]] = []  # (value, offset where the thinking wrote it) per step
+    offset = 0
+    for line in thinking.split("\n"):
+        match = _EQUATION.search(line)
+        if match is not None:
+            value = int(match.group(4))
+            if line.lstrip().startswith("Wait") and kept:
+                kept[-1] = (value, offset + match.start(4))  # a revision of the step just written
+            else:
+                kept.append((value, offset + match.start(4)))
+        offset += len(line) + 1
+    final = completion[end:] if end >= 0 else ""
+    answers = re.findall(r"\\boxed\{([^{}]*)\}", final)
+    if answers and answers[-1].strip() == str(truth[-1]):
+        return None
+    written = [int(m.group(4)) for m in _EQUATION.finditer(final)]
+    wrong = next((i for i, (v, t) in enumerate(zip(written, truth, strict=False)) if v != t), None)
+    if wrong is not None:
+        if wrong < len(kept) and kept[wrong][0] == written[wrong]:
+            return "thinking", kept[wrong][1]
+        return "answer", end
+    first = next((at for (v, at), t in zip(kept, truth, strict=False) if v != t), None)
+    if first is not None and not written:
+        return "thinking", first
+    return ("answer", end) if end >= 0 else None
+
+
+def culprit_offset(row: Mapping[str, Any], completion: str) -> int | None:
+    """Where a completion of ``row["problem"]`` first goes wrong (character offset; None: it is
+    right): the knowledge behind the ``oracle`` credit arm (``RREDCoTTrainer(culprit=...)``)."""
+    problem = row.get("problem")
+    if parse_problem(problem) is None:
+        raise ValueError(
+            f"oracle credit needs the synthetic task, whose every step can be checked; row "
+            f"{row.get('id')!r} has problem {problem!r}"
+        )
+    found = culprit(problem, completion)
+    return None if found is None else found[1]
 
 
 def _wrong_residue(rng: random.Random, correct: int, modulus: int) -> int:

@@ -138,6 +138,7 @@ class TraceInput:
     pairs: list[tuple[str, str]]  # reference (solution, answer) texts; the dataset pair first
     log_q: torch.Tensor | None = None  # [N] log proposal probabilities (None: uniform)
     utility: torch.Tensor | None = None  # [N] utilities (None: all 1)
+    culprit: int | None = None  # oracle credit: token where the trace first goes wrong (None: none)
 
 
 class CreditAssigner:
@@ -214,25 +215,22 @@ class CreditAssigner:
                 for t, h in zip(items, ents, strict=True)
             ]
 
-        eos = self.tok.eos_token_id
         texts = [self.token_texts(t.completion_ids) for t in items]
         # Exit points lie in the thinking part only; the last one is where the model itself exits.
         # The answer after it is one more segment (see _trace_credit).
         ends = [S.thinking_end(tx, cfg.exit_string) for tx in texts]
         starts: dict[int, list[int]] = {}
 
+        if method.segment_rewards == "oracle":  # RREDCoT's segments, blame from the task: no scoring
+            ents = completion_entropies(policy, pairs_of, budget)
+            out = []
+            for j, (t, h) in enumerate(zip(items, ents, strict=True)):
+                self._segment(j, h, items, texts, ends, starts)
+                out.append(self._oracle_credit(t, starts[j], ends[j], h))
+            return out
+
         def cuts_for(j: int, entropies: torch.Tensor) -> list[int]:
-            completion, end = items[j].completion_ids, ends[j]
-            if end is not None:
-                starts[j] = S.segment_trace(texts[j][:end], entropies[:end].tolist(), cfg.segmentation)
-                return S.exit_cuts(starts[j], end) if end > 0 else [0]
-            # No exit of its own (e.g. cut off at the length limit): the final exit follows the whole
-            # trace but not its EOS (nothing is read after EOS, and a segment never starts at the EOS:
-            # it joins the last segment), so cuts stay increasing.
-            found = S.segment_trace(texts[j], entropies.tolist(), cfg.segmentation)
-            scored = len(completion) - 1 if completion and completion[-1] == eos else len(completion)
-            starts[j] = [s for s in found if s < scored] or [0]
-            return [min(c, scored) for c in S.exit_cuts(starts[j], len(completion))]
+            return self._segment(j, entropies, items, texts, ends, starts)
 
         specs = [
             TraceExits(
@@ -270,6 +268,48 @@ class CreditAssigner:
         return [
             self._trace_credit(items[j], starts[j], ends[j], sc, baselines[j]) for j, sc in enumerate(scores)
         ]
+
+    def _segment(
+        self,
+        j: int,
+        entropies: torch.Tensor,
+        items: list[TraceInput],
+        texts: list[list[str]],
+        ends: list[int | None],
+        starts: dict[int, list[int]],
+    ) -> list[int]:
+        """Segment trace ``j``'s thinking (into ``starts[j]``) and return its exit cuts."""
+        completion, end = items[j].completion_ids, ends[j]
+        if end is not None:
+            starts[j] = S.segment_trace(texts[j][:end], entropies[:end].tolist(), self.cfg.segmentation)
+            return S.exit_cuts(starts[j], end) if end > 0 else [0]
+        # No exit of its own (e.g. cut off at the length limit): the final exit follows the whole
+        # trace but not its EOS (nothing is read after EOS, and a segment never starts at the EOS:
+        # it joins the last segment), so cuts stay increasing.
+        found = S.segment_trace(texts[j], entropies.tolist(), self.cfg.segmentation)
+        eos = self.tok.eos_token_id
+        scored = len(completion) - 1 if completion and completion[-1] == eos else len(completion)
+        starts[j] = [s for s in found if s < scored] or [0]
+        return [min(c, scored) for c in S.exit_cuts(starts[j], len(completion))]
+
+    def _oracle_credit(
+        self, item: TraceInput, starts: list[int], answer_at: int | None, entropies: torch.Tensor
+    ) -> TraceCredit:
+        """Perfect blame on RREDCoT's segments (thinking segments, then the answer segment)."""
+        n = len(item.completion_ids)
+        if answer_at is not None and answer_at < n:
+            starts = [s for s in starts if s < answer_at] + [answer_at]
+        starts = starts or [0]
+        culprit = None
+        if item.culprit is not None:
+            if not 0 <= item.culprit < n:
+                raise ValueError(f"culprit token {item.culprit} outside the {n}-token completion")
+            culprit = max(k for k, s in enumerate(starts) if s <= item.culprit)
+        rewards = C.oracle_segment_rewards(len(starts), culprit)
+        ids = S.segment_ids_from_starts(starts, n)
+        mult = self.cfg.kind.multiplier(n, item.advantage, self.cfg.mix, ids, rewards)
+        answer_reward = float(rewards[-1]) if answer_at is not None and answer_at < n else None
+        return TraceCredit(mult, starts, entropies=entropies, answer_reward=answer_reward)
 
     def _greedy_baselines(
         self,

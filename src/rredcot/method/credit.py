@@ -219,9 +219,10 @@ class CreditMethod:
     """
 
     name: str
-    segment_rewards: Literal["exit_values"] | None
-    """Source of segment rewards: ``exit_values`` (teacher-forced exit-point values, RREDCoT) or
-    None (no segments: the whole trace is one)."""
+    segment_rewards: Literal["exit_values", "oracle"] | None
+    """Source of segment rewards: ``exit_values`` (teacher-forced exit-point values, RREDCoT),
+    ``oracle`` (the task says where a wrong trace first goes wrong: that segment gets all the blame)
+    or None (no segments: the whole trace is one)."""
     token_weights: Literal["entropy"] | None
     """Within a segment (or the trace), weight tokens by the policy's entropy, or uniformly (None)."""
     description: str
@@ -234,6 +235,11 @@ class CreditMethod:
     @property
     def needs_exit_values(self) -> bool:
         return self.segment_rewards == "exit_values"
+
+    @property
+    def needs_culprits(self) -> bool:
+        """The trainer must be told, per trace, the token where it first goes wrong."""
+        return self.segment_rewards == "oracle"
 
     @property
     def needs_entropies(self) -> bool:
@@ -314,6 +320,38 @@ register_credit_method(
         "RREDCoT's segment shares spread over each segment's tokens by entropy.",
     )
 )
+
+
+register_credit_method(
+    CreditMethod(
+        "oracle",
+        "oracle",
+        None,
+        "Perfect blame (synthetic task): a wrong trace's blame goes to the segment where it first goes "
+        "wrong, the same segments and σ as RREDCoT; the ceiling of segment-level credit.",
+    )
+)
+
+
+@torch.no_grad()
+def oracle_segment_rewards(n_segments: int, culprit_segment: int | None) -> Tensor:
+    """Segment rewards of perfect blame: ``-1`` for the segment where the trace first goes wrong, 0
+    elsewhere (float64). Fed to :func:`token_multiplier`, a negative advantage then puts the whole
+    redistributed share (``mix``) on that segment, and a positive advantage (or no culprit) gives
+    uniform credit, since no segment gained value.
+
+    These are the segment rewards of a value that is 1 while a prefix is still on a right path and
+    drops at the culprit (in units of that drop): the limit an exit-point value estimate tends to
+    when it is exact and the policy follows its prefix.
+    """
+    if n_segments < 1:
+        raise ValueError("need at least one segment")
+    rewards = torch.zeros(n_segments, dtype=torch.float64)
+    if culprit_segment is not None:
+        if not 0 <= culprit_segment < n_segments:
+            raise ValueError(f"culprit segment {culprit_segment} outside 0..{n_segments - 1}")
+        rewards[culprit_segment] = -1.0
+    return rewards
 
 
 def needs_exit_values(method: str) -> bool:

@@ -61,13 +61,18 @@ class Arm:
     credit: str = field(metadata={"enum": tuple(CREDIT_METHODS)})
     """How the sequence advantage is spread over tokens: uniform (stock GRPO, 1/|o|), rredcot (segment
     rewards from exit-point values), entropy (token-entropy weighting), rredcot+entropy (segment shares
-    spread over tokens by entropy)."""
+    spread over tokens by entropy), oracle (synthetic task only: a wrong trace's blame on the segment
+    where it first goes wrong, the ceiling of segment-level credit)."""
     loss_type: LossType = "grpo"
     """TRL loss normaliser; grpo is the sequence mean (σ = 1/|o|)."""
     label: str | None = None
     """Column name in tables and figures (default: the arm's name)."""
     credit_options: dict[str, Any] = field(default_factory=dict)
     """This arm's overrides of the credit section (same keys, e.g. {mix: 0.8})."""
+    top_entropy_quantile: float = field(default=1.0, metadata=within(0.0, 1.0))
+    """TRL's high-entropy token mask: only this top fraction of each batch's completion tokens, by the
+    policy's entropy, carry the policy loss (0.2: the "80/20" result of Wang et al., 2025); 1.0 keeps
+    every token."""
 
 
 def _default_arms() -> dict[str, Arm]:
@@ -81,6 +86,9 @@ def _default_arms() -> dict[str, Arm]:
         "bnpo": Arm("uniform", "bnpo", "BNPO"),
         "dr_grpo": Arm("uniform", "dr_grpo", "Dr.GRPO"),
         "dapo": Arm("uniform", "dapo", "DAPO"),
+        # The ceiling of segment-level credit on the synthetic task, and TRL's high-entropy token mask.
+        "oracle": Arm("oracle", "grpo", "Oracle"),
+        "entropy_mask": Arm("uniform", "grpo", "GRPO 80/20", top_entropy_quantile=0.2),
     }
 
 
@@ -454,9 +462,11 @@ class ExperimentConfig:
     arms: dict[str, Arm] = field(default_factory=_default_arms)
     """Training arms, by name (letters, digits, '_' and '-'). Each is one credit method and one TRL
     loss type."""
-    run_arms: list[str] | None = None
+    run_arms: list[str] | None = field(default_factory=lambda: ["grpo", "rredcot", "oracle"])
     """The arms this run trains and tabulates, in table order (null: every arm under arms). A recipe
-    file cannot delete the default arms (config files merge), so it names its arms here."""
+    file cannot delete the default arms (config files merge), so it names its arms here. The default
+    runs the arms that answer whether credit helps: GRPO, RREDCoT and the oracle ceiling
+    (config/baselines.yaml runs every arm)."""
     data: Data = field(default_factory=Data)
     """Where the problems come from."""
     clean: CleanSettings = field(default_factory=CleanSettings)

@@ -69,7 +69,9 @@ READS: dict[str, StageReads] = {
     ),
     "evaluate": StageReads(("eval", "prompt", "model.dtype"), (*_LOGGING, "threads.eval")),
     "report": StageReads(
-        ("arms", "run_arms", "eval.n_samples", "eval.temperature", "rl.eval_problems"), _LOGGING
+        ("arms", "run_arms", "eval.n_samples", "eval.temperature", "rl.eval_problems")
+        + ("studies.bootstrap", "studies.seed"),
+        _LOGGING,
     ),
     "tables": StageReads(("arms", "run_arms", "report", "eval.n_samples"), _LOGGING),
     # The analyses: traces of held-out problems (analysis) or of the RL split (prm, only to train

@@ -2,26 +2,33 @@
 
 ``table1``: rows = benchmark x metric, columns = base (SFT) and every arm, each as mean and standard
 deviation over seeds plus the number of seeds (the paper's Table 1 shape, with spread).
+``paired``: every arm against the run's first arm (GRPO in the default), paired by seed and problem:
+final accuracy differences and the steps to reach the first arm's final accuracy, with bootstrap
+intervals (``rredcot.infra.stats``).
 ``curve``: held-out accuracy (greedy and sampled panels) vs RL step, one line per arm, seeds as a
-band (mean +- sd).
+band (95% bootstrap interval of the mean over seeds).
 
 CLI: ``rredcot report --config C --summaries S1.json ... --curves c1.csv ... --table table1.csv
---figure learning_curve.png``.
+[--paired paired.csv] --figure learning_curve.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
-from rredcot.infra.io import atomic_path
+from rredcot.infra.io import atomic_path, read_jsonl
 from rredcot.infra.logs import setup_logging
 from rredcot.infra.results import BASE, load_summaries
+from rredcot.infra.stats import Interval, paired_difference, steps_to_reach_reference
 from rredcot.settings.config import active_arms, arm_label
 from rredcot.settings.reads import stage_config
 
@@ -59,6 +66,113 @@ def write_table(cfg: Mapping[str, Any], summaries: Sequence[str], out: str | Pat
     return table
 
 
+def _records_of(summary: str | Path) -> Path:
+    """The per-problem records an evaluation wrote beside its summary."""
+    return Path(str(summary).removesuffix(".summary.json") + ".records.jsonl")
+
+
+def _scores(summaries: Sequence[str]) -> dict[tuple[str, int], dict[str, dict[str, float]]]:
+    """Per (arm, seed): per metric (greedy, sampled), each problem's score by id."""
+    out: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
+    for summary in summaries:
+        meta = json.loads(Path(summary).read_text())
+        greedy, sampled = {}, {}
+        for row in read_jsonl(_records_of(summary)):
+            greedy[row["id"]] = float(row["greedy_correct"])
+            samples = row.get("sample_correct") or []
+            if samples:
+                sampled[row["id"]] = sum(map(float, samples)) / len(samples)
+        out[(meta["arm"], int(meta["seed"]))] = {"greedy": greedy, "sampled": sampled}
+    return out
+
+
+def _matrix(
+    scores: dict[tuple[str, int], dict[str, dict[str, float]]],
+    arm: str,
+    seeds: list[int],
+    metric: str,
+    ids: list[str],
+) -> np.ndarray:
+    """[seeds, problems] scores of one arm."""
+    return np.array([[scores[(arm, s)][metric][i] for i in ids] for s in seeds])
+
+
+def _curves(curve: pl.DataFrame, arm: str, seeds: list[int], steps: list[int], metric: str) -> np.ndarray:
+    """[seeds, steps] held-out accuracies of one arm's learning curves."""
+    by = {
+        (int(r["seed"]), int(r["step"])): float(r[metric])
+        for r in curve.filter(pl.col("arm") == arm).iter_rows(named=True)
+    }
+    return np.array([[by.get((s, t), math.nan) for t in steps] for s in seeds])
+
+
+def paired_table(cfg: Mapping[str, Any], summaries: Sequence[str], curves: Sequence[str]) -> pl.DataFrame:
+    """Each arm against the first arm of the run (GRPO in the default), paired by seed and problem.
+
+    Per metric: the final held-out accuracy difference with a two-level bootstrap interval (seeds,
+    then problems), and the RL steps the arm's mean learning curve needs to reach the reference's
+    final accuracy, with a bootstrap interval over seeds (inf: not reached)."""
+    arms = active_arms(cfg)
+    reference, others = arms[0], arms[1:]
+    n_boot, seed = cfg["studies"]["bootstrap"], cfg["studies"]["seed"]
+    scores = _scores(summaries)
+    curve = pl.concat([pl.read_csv(c) for c in curves]) if curves else None
+    rows = []
+    for arm in others:
+        seeds = sorted(s for a, s in scores if a == arm and (reference, s) in scores)
+        for metric in ("greedy", "sampled"):
+            runs = [scores[(x, s)][metric] for s in seeds for x in (arm, reference)]
+            ids = sorted(set.intersection(*map(set, runs))) if runs else []
+            if not ids:
+                continue
+            diff = paired_difference(
+                _matrix(scores, arm, seeds, metric, ids),
+                _matrix(scores, reference, seeds, metric, ids),
+                n_boot,
+                seed,
+            )
+            reach = Interval(math.nan, math.nan, math.nan)
+            if curve is not None:
+                steps = sorted(
+                    set(curve.filter(pl.col("arm") == arm)["step"])
+                    & set(curve.filter(pl.col("arm") == reference)["step"])
+                )
+                if steps:
+                    reach = steps_to_reach_reference(
+                        steps,
+                        _curves(curve, arm, seeds, steps, metric),
+                        _curves(curve, reference, seeds, steps, metric),
+                        n_boot,
+                        seed,
+                    )
+            rows.append(
+                {
+                    "arm": arm_label(cfg, arm),
+                    "reference": arm_label(cfg, reference),
+                    "metric": metric,
+                    "seeds": len(seeds),
+                    "problems": len(ids),
+                    "diff": round(diff.estimate, 4),
+                    "diff_low": round(diff.low, 4),
+                    "diff_high": round(diff.high, 4),
+                    "steps_to_reference": reach.estimate,
+                    "steps_low": reach.low,
+                    "steps_high": reach.high,
+                }
+            )
+    schema = {
+        "arm": pl.String,
+        "reference": pl.String,
+        "metric": pl.String,
+        "seeds": pl.Int64,
+        "problems": pl.Int64,
+        **dict.fromkeys(
+            ("diff", "diff_low", "diff_high", "steps_to_reference", "steps_low", "steps_high"), pl.Float64
+        ),
+    }
+    return pl.DataFrame(rows, schema=schema)
+
+
 def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) -> None:
     """Learning curves as PNG (and PDF beside it), seeds drawn as a mean +- sd band."""
     import matplotlib
@@ -94,7 +208,9 @@ def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) 
             y="accuracy",
             hue="method",
             hue_order=order,
-            errorbar="sd",
+            errorbar=("ci", 95),
+            n_boot=cfg["studies"]["bootstrap"],
+            seed=cfg["studies"]["seed"],
             marker="o",
             ax=ax,
             legend=ax is axes[0],
@@ -104,7 +220,8 @@ def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) 
         ax.set_ylabel("held-out accuracy")
     n_probe = cfg["rl"]["eval_problems"]
     fig.suptitle(
-        f"Learning curves: {n_probe} held-out problems, {n_seeds} seeds per method (band: mean +- sd)",
+        f"Learning curves: {n_probe} held-out problems, {n_seeds} seeds per method "
+        "(band: 95% bootstrap interval of the mean over seeds)",
         fontsize=10,
     )
     # One legend for both panels, outside them: with many arms an inside legend hides the curves.
@@ -129,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument("--curves", nargs="+", required=True, help="learning curves (CSV) of the trained arms")
     ap.add_argument("--table", required=True, help="output comparison table (CSV)")
+    ap.add_argument("--paired", help="output paired comparison with the first arm (CSV; bootstrap intervals)")
     ap.add_argument(
         "--figure", required=True, help="output learning-curve figure (PNG; a PDF is written beside)"
     )
@@ -139,7 +257,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200):
             _log.info("\n%s", table)
         plot_curves(cfg, args.curves, args.figure)
-        for path in (args.table, args.figure, Path(args.figure).with_suffix(".pdf")):
+        outputs = [args.table, args.figure, Path(args.figure).with_suffix(".pdf")]
+        if args.paired:
+            paired = paired_table(cfg, args.summaries, args.curves)
+            with atomic_path(args.paired) as tmp:
+                paired.write_csv(tmp)
+            with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200):
+                _log.info("paired with %s:\n%s", active_arms(cfg)[0], paired)
+            outputs.append(args.paired)
+        for path in outputs:
             run.log_artifact(path)
 
 

@@ -33,58 +33,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rredcot.data.synthetic import THINK_END, parse_problem, run_chain
+from rredcot.data.synthetic import culprit
 from rredcot.infra.logs import setup_logging
 
 _log = logging.getLogger(__name__)
 
-# The value a step starts from is optional: thinking lines may hold the step alone ("* 4 = 4").
-_EQUATION = re.compile(r"(\d+\s*)?([-+*])\s*(\d+)\s*=\s*(\d+)")
 _PROBLEM = re.compile(r"Start at .*?Work mod \d+\s*\.")
-
-
-def culprit(problem: str, completion: str) -> tuple[str, int] | None:
-    """(``"thinking"`` or ``"answer"``, character offset in the completion) of where a trace goes
-    wrong, or None when the problem is not synthetic or the final answer is right.
-
-    The final answer inherits its error from the first wrong value of the final solution. When the
-    thinking kept that same wrong value for that step, the solution copied it: the culprit is the
-    thinking line that set it. Otherwise the solution went wrong on its own (a slip in copying, or in
-    a step it computed itself; a thinking error it did not copy did not matter): the culprit is the
-    answer segment. Without a final solution the first wrong kept value of the thinking is taken.
-    """
-    parsed = parse_problem(problem)
-    if parsed is None:
-        return None
-    start, steps, modulus = parsed
-    truth = run_chain(start, steps, modulus)
-    end = completion.find(THINK_END.strip())
-    thinking = completion if end < 0 else completion[:end]
-    kept: list[tuple[int, int]] = []  # (value, offset of the line that set it) per step
-    offset = 0
-    for line in thinking.split("\n"):
-        match = _EQUATION.search(line)
-        if match is not None:
-            value = int(match.group(4))
-            if line.lstrip().startswith("Wait") and kept:
-                kept[-1] = (value, offset)  # a revision of the step just written
-            else:
-                kept.append((value, offset))
-        offset += len(line) + 1
-    final = completion[end:] if end >= 0 else ""
-    answers = re.findall(r"\\boxed\{([^{}]*)\}", final)
-    if answers and answers[-1].strip() == str(truth[-1]):
-        return None
-    written = [int(m.group(4)) for m in _EQUATION.finditer(final)]
-    wrong = next((i for i, (v, t) in enumerate(zip(written, truth, strict=False)) if v != t), None)
-    if wrong is not None:
-        if wrong < len(kept) and kept[wrong][0] == written[wrong]:
-            return "thinking", kept[wrong][1]
-        return "answer", end
-    first = next((at for (v, at), t in zip(kept, truth, strict=False) if v != t), None)
-    if first is not None and not written:
-        return "thinking", first
-    return ("answer", end) if end >= 0 else None
 
 
 def trace_localisation(row: dict[str, Any]) -> dict[str, Any] | None:
