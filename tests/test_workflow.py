@@ -55,7 +55,9 @@ def test_bad_config_fails_before_any_job(tmp_path):
 
 def test_dry_run_lists_every_stage(tmp_path):
     jobs = _scheduled(_run(["-n"], tmp_path))
-    expected = {"data": 1, "clean": 1, "sft": 1, "train": 14, "evaluate": 16, "report": 1, "tables": 1}
+    runs = 2 * len(ARMS)  # every arm, two seeds; evaluation adds the base model's two seeds
+    expected = {"data": 1, "clean": 1, "sft": 1, "train": runs, "evaluate": runs + 2}
+    expected |= {"report": 1, "tables": 1}
     assert {rule: jobs.get(rule) for rule in expected} == expected
     studies = {r for r in READS if r.startswith("study_")}
     assert studies <= set(jobs)
@@ -165,14 +167,16 @@ def test_logs_and_benchmarks(smoke: Path) -> None:
 
 @pytest.mark.slow
 def test_one_mlflow_run_per_job(smoke: Path) -> None:
-    # 1 data + 1 clean + 1 sft + 7x2 train + 8x2 eval + 1 report + 1 tables + 2 trace sets, 2 MC runs,
-    # MC figures, attribution, PRM training and scoring, attribution figures, blame localisation.
+    # 1 data + 1 clean + 1 sft + arms x 2 train + (arms + base) x 2 eval + 1 report + 1 tables
+    # + 2 trace sets, 2 MC runs, MC figures, attribution, PRM training and scoring, attribution
+    # figures, blame localisation.
     client = MlflowClient(tracking_uri=f"sqlite:///{smoke}/mlflow.db")
     exp = client.get_experiment_by_name("rredcot-smoke")
     runs = client.search_runs([exp.experiment_id], max_results=500)
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     parents = {r.data.tags["mlflow.parentRunId"] for r in children}
-    assert len(children) == 45 and len(parents) == 1
+    runs = 2 * len(ARMS)
+    assert len(children) == 3 + runs + (runs + 2) + 2 + 10 and len(parents) == 1
     assert all(r.info.status == "FINISHED" for r in children)
 
 
