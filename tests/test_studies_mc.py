@@ -14,9 +14,9 @@ from rredcot.data.synthetic import TaskConfig, generate_splits
 from rredcot.infra.io import read_jsonl, write_jsonl
 from rredcot.lm.generation import Completion, GumbelSampling, HFGenerator, sample_seed
 from rredcot.lm.modeling import build_scratch_model, train_tokenizer
+from rredcot.lm.rollouts import answer_token, rollout_record
 from rredcot.studies import figures_mc, mc, traces
 from rredcot.studies.figures_mc import bootstrap_sd, lost_at, truncation_table, variance_table
-from rredcot.studies.mc import answer_token, rollout_record
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "config.yaml"

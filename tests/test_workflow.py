@@ -22,7 +22,18 @@ from rredcot.settings.reads import READS
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-ARMS = ["bnpo", "dapo", "dr_grpo", "entropy", "entropy_mask", "grpo", "oracle", "rredcot", "rredcot_entropy"]
+ARMS = [
+    "bnpo",
+    "dapo",
+    "dr_grpo",
+    "entropy",
+    "entropy_mask",
+    "grpo",
+    "mc",
+    "oracle",
+    "rredcot",
+    "rredcot_entropy",
+]
 
 
 def _run(args: list[str], results: Path, overlay: Path | None = None, **kw) -> subprocess.CompletedProcess:

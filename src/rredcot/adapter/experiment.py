@@ -19,7 +19,7 @@ from trl import GRPOConfig
 
 from rredcot.adapter.distributed import process_state
 from rredcot.adapter.trainer import RREDCoTTrainer
-from rredcot.data.records import correctness_reward, rl_records
+from rredcot.data.records import correctness_reward, rl_records, row_reward
 from rredcot.data.synthetic import culprit_offset
 from rredcot.infra.resume import SAVE_TOTAL_LIMIT
 from rredcot.lm.modeling import load_tokenizer
@@ -146,4 +146,6 @@ def build_trainer(
         credit=credit,
         # Only the synthetic task knows where a trace goes wrong (it raises for any other problem).
         culprit=culprit_offset if credit.kind.needs_culprits else None,
+        # Monte Carlo values score each rollout with the run's reward (the default one).
+        rollout_reward=row_reward if credit.kind.needs_rollouts else None,
     )

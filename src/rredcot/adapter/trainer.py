@@ -31,7 +31,15 @@ from trl import GRPOTrainer
 
 from rredcot.adapter.distributed import check_backend, gather_objects, scoring_model
 from rredcot.data.grading import grade
-from rredcot.method.assign import CreditAssigner, CreditConfig, TraceCredit, TraceInput, credit_record
+from rredcot.lm.generation import HFGenerator, sample_seed
+from rredcot.method.assign import (
+    CreditAssigner,
+    CreditConfig,
+    Rollouts,
+    TraceCredit,
+    TraceInput,
+    credit_record,
+)
 
 __all__ = ["CreditConfig", "RREDCoTTrainer", "TraceCredit", "credit_record"]
 
@@ -47,7 +55,9 @@ class RREDCoTTrainer(GRPOTrainer):
     optionally ``reference_log_q`` (``proposal: given``) and ``reference_utility``. ``oracle`` needs
     ``culprit``: a function of a dataset row and a completion's text that returns the character
     offset where the completion first goes wrong (None: nowhere), which only a task that can check
-    every step knows (``rredcot.data.synthetic.culprit``). Credit records of sampled traces
+    every step knows (``rredcot.data.synthetic.culprit``). ``mc`` needs ``rollout_reward``: a function
+    of a dataset row and a completion's text that returns its reward in [0, 1] (the run's outcome
+    reward, applied to each policy rollout from an exit point). Credit records of sampled traces
     accumulate in ``credit_views`` (main process) when ``view_every`` > 0.
     """
 
@@ -56,6 +66,7 @@ class RREDCoTTrainer(GRPOTrainer):
         *args: Any,
         credit: CreditConfig | None = None,
         culprit: Callable[[dict[str, Any], str], int | None] | None = None,
+        rollout_reward: Callable[[dict[str, Any], str], float] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -66,6 +77,13 @@ class RREDCoTTrainer(GRPOTrainer):
                 "wrong, which only a task that can check every step knows (the synthetic task)"
             )
         self.culprit = culprit
+        if self.credit.kind.needs_rollouts and rollout_reward is None:
+            raise ValueError(
+                f"credit method {self.credit.method!r} needs rollout_reward=: the reward in [0, 1] of a "
+                "completion's text for its dataset row, to score the policy rollouts from each exit point"
+            )
+        self.rollout_reward = rollout_reward
+        self._rollout_counts = [0, 0]  # rollouts and generated tokens of the current batch
         self.credit_views: list[dict[str, Any]] = []
         self.assigner = CreditAssigner(self.processing_class, self.credit)
         self._value_model: torch.nn.Module | None = None
@@ -200,6 +218,7 @@ class RREDCoTTrainer(GRPOTrainer):
         per_token = torch.ones(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
         lengths = completion_mask.sum(dim=1).tolist()
         exit_values = self.credit.kind.needs_exit_values
+        mc = self.credit.kind.needs_rollouts
         finals = None
         if exit_values and self.credit.group_pairs:  # a collective: every process, every batch
             every = [completion_ids[i][: lengths[i]].tolist() for i in range(len(inputs))]
@@ -215,9 +234,19 @@ class RREDCoTTrainer(GRPOTrainer):
             item.advantage = float(advantages[i])
             if self.credit.kind.needs_culprits:
                 item.culprit = self._culprit_token(inputs[i], item.completion_ids)
+            if mc:
+                item.outcome = self._reward(
+                    inputs[i], self.processing_class.decode(item.completion_ids, skip_special_tokens=True)
+                )
             items.append(item)
+        rollouts = self._mc_rollouts([inputs[i] for i in rows]) if mc else None
+        self._rollout_counts = [0, 0]
         with self._credit_models() as (policy, value_model):  # collective on entry and exit
-            credits = self.assigner.assign(policy, items, value_model)
+            credits = self.assigner.assign(policy, items, value_model, rollouts)
+        if mc:  # the generation cost of the Monte Carlo values, over every process
+            counts = gather_objects(self.accelerator, [self._rollout_counts])
+            self._metrics["train"]["credit/rollouts"].append(float(sum(c[0] for c in counts)))
+            self._metrics["train"]["credit/rollout_tokens"].append(float(sum(c[1] for c in counts)))
         stats = _CreditStats()
         for i, tc in zip(rows, credits, strict=True):
             per_token[i, : lengths[i]] = tc.multiplier.to(per_token.device)
@@ -229,6 +258,52 @@ class RREDCoTTrainer(GRPOTrainer):
         if self.accelerator.is_main_process:
             self._keep_views(inputs, rows, [it.completion_ids for it in items], advantages, credits)
         return per_token
+
+    def _reward(self, row: dict[str, Any], text: str) -> float:
+        value = float(self.rollout_reward(row, text))  # type: ignore[misc]
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"rollout_reward must return a reward in [0, 1], got {value}")
+        return value
+
+    def _mc_rollouts(self, rows: list[dict[str, Any]]) -> Rollouts:
+        """Policy rollouts from every exit point of every trace (one per row of ``rows``), scored by
+        ``rollout_reward``: the sums the Monte Carlo credit method turns into values.
+
+        Sampled as the run samples its completions (temperature, top-p), each rollout from a seed of
+        its own (run seed, step, process, trace, exit point, rollout), with transformers ``generate``
+        on the whole-parameter policy the credit passes use."""
+        cfg = self.credit.mc
+
+        def rollouts(
+            policy: torch.nn.Module, items: list[TraceInput], cuts: list[list[int]]
+        ) -> list[list[float]]:
+            step, rank = int(self.state.global_step), self.accelerator.process_index
+            prefixes, seeds = [], []
+            for j, (item, trace_cuts) in enumerate(zip(items, cuts, strict=True)):
+                for k, c in enumerate(trace_cuts):
+                    prefixes += [item.prompt_ids + item.completion_ids[:c]] * cfg.samples
+                    seeds += [sample_seed(self.args.seed, step, rank, j, k, m) for m in range(cfg.samples)]
+            sampler = HFGenerator(policy, self.processing_class, batch_size=cfg.batch_size)
+            outs = sampler.sample(
+                prefixes,
+                seeds,
+                temperature=self.temperature,
+                top_p=self.top_p if self.top_p is not None else 1.0,
+                max_new_tokens=cfg.max_new_tokens or self.max_completion_length,
+            )
+            self._rollout_counts = [len(outs), sum(len(o.token_ids) for o in outs)]
+            sums, at = [], 0
+            for row, item, trace_cuts in zip(rows, items, cuts, strict=True):
+                trace_sums = []
+                for c in trace_cuts:
+                    head = self.processing_class.decode(item.completion_ids[:c], skip_special_tokens=True)
+                    batch = outs[at : at + cfg.samples]
+                    at += cfg.samples
+                    trace_sums.append(sum(self._reward(row, head + o.text) for o in batch))
+                sums.append(trace_sums)
+            return sums
+
+        return rollouts
 
     def _culprit_token(self, row: dict[str, Any], completion: list[int]) -> int | None:
         """The token holding the character where the task says a completion first goes wrong."""

@@ -104,3 +104,8 @@ def sft_records(rows: Sequence[Mapping[str, Any]], template: str, eos: str) -> l
 def correctness_reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
     """Verifiable reward: 1.0 when the completion's final boxed answer is equivalent to the label."""
     return [1.0 if grade(text, gold) else 0.0 for text, gold in zip(completions, answer, strict=True)]
+
+
+def row_reward(row: Mapping[str, Any], completion: str) -> float:
+    """``correctness_reward`` of one completion of one dataset row (the Monte Carlo arm's rollouts)."""
+    return correctness_reward([completion], [str(row["answer"])])[0]

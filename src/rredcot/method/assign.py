@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -36,6 +37,26 @@ DEFAULT_ANSWER_SUFFIX = "}"
 
 
 @dataclass
+class MonteCarloSettings:
+    """Policy rollouts of the Monte Carlo credit method (``mc``), from every exit point."""
+
+    samples: int = 4
+    """Rollouts per exit point (M); each costs one generation of up to ``max_new_tokens`` tokens."""
+    max_new_tokens: int | None = None
+    """Token budget of a rollout (null: the training run's completion length, so that a rollout can
+    always finish what a completion could)."""
+    batch_size: int = 256
+    """Rollouts generated together in one batch (their KV cache is batch_size x (prompt + trace +
+    max_new_tokens) tokens)."""
+
+    def __post_init__(self) -> None:
+        if self.samples < 1 or self.batch_size < 1:
+            raise ValueError("samples and batch_size must be positive")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be positive (or null)")
+
+
+@dataclass
 class CreditSettings:
     """How credit is computed, whatever the method: the settings every arm of an experiment shares
     (the workflow's ``credit`` section has exactly these keys)."""
@@ -58,6 +79,8 @@ class CreditSettings:
     reference solution, no decoding). See ``answer_baseline.py``."""
     budget: ScoringBudget = field(default_factory=ScoringBudget)
     """Memory bounds of the scoring passes."""
+    mc: MonteCarloSettings = field(default_factory=MonteCarloSettings)
+    """Policy rollouts of the Monte Carlo credit method (``mc``)."""
     view_every: int = 10
     """Keep credit records of a few traces every this many steps for inspection (0: never)."""
     view_samples: int = 2
@@ -139,6 +162,15 @@ class TraceInput:
     log_q: torch.Tensor | None = None  # [N] log proposal probabilities (None: uniform)
     utility: torch.Tensor | None = None  # [N] utilities (None: all 1)
     culprit: int | None = None  # oracle credit: token where the trace first goes wrong (None: none)
+    outcome: float | None = None  # Monte Carlo credit: the trace's own reward, in [0, 1]
+
+
+Rollouts = Callable[[torch.nn.Module, list[TraceInput], list[list[int]]], list[list[float]]]
+"""How the Monte Carlo method gets its values: ``rollouts(policy, traces, cuts)`` samples
+``MonteCarloSettings.samples`` continuations of ``prompt ⊕ completion[:c]`` from the policy for every
+cut ``c`` of every trace and returns, per trace and cut, the sum of their rewards (each in [0, 1]).
+The caller owns sampling and reward (``RREDCoTTrainer`` uses the run's reward); the method only
+turns the sums into values and σ."""
 
 
 class CreditAssigner:
@@ -191,9 +223,14 @@ class CreditAssigner:
 
     # -- the pipeline ----------------------------------------------------------------------------
     def assign(
-        self, policy: torch.nn.Module, items: list[TraceInput], value_model: torch.nn.Module | None = None
+        self,
+        policy: torch.nn.Module,
+        items: list[TraceInput],
+        value_model: torch.nn.Module | None = None,
+        rollouts: Rollouts | None = None,
     ) -> list[TraceCredit]:
-        """σ for every trace. ``policy`` supplies entropies; ``value_model`` (default: the policy) scores.
+        """σ for every trace. ``policy`` supplies entropies; ``value_model`` (default: the policy) scores;
+        ``rollouts`` supplies the Monte Carlo method's outcome sums.
 
         Models are used as given (the caller puts them in eval mode); nothing needs gradients.
         """
@@ -228,6 +265,20 @@ class CreditAssigner:
                 self._segment(j, h, items, texts, ends, starts)
                 out.append(self._oracle_credit(t, starts[j], ends[j], h))
             return out
+
+        if method.segment_rewards == "mc_values":  # RREDCoT's exit points, values from rollouts
+            if rollouts is None:
+                raise ValueError(
+                    f"credit method {method.name!r} needs rollouts= (policy rollouts and rewards)"
+                )
+            ents = completion_entropies(policy, pairs_of, budget)
+            cuts = [self._segment(j, h, items, texts, ends, starts) for j, h in enumerate(ents)]
+            sums = rollouts(policy, items, cuts)
+            if len(sums) != len(items) or any(len(s) != len(c) for s, c in zip(sums, cuts, strict=True)):
+                raise ValueError("rollouts must return one outcome sum per cut of every trace")
+            return [
+                self._mc_credit(t, starts[j], ends[j], cuts[j], sums[j], ents[j]) for j, t in enumerate(items)
+            ]
 
         def cuts_for(j: int, entropies: torch.Tensor) -> list[int]:
             return self._segment(j, entropies, items, texts, ends, starts)
@@ -310,6 +361,36 @@ class CreditAssigner:
         mult = self.cfg.kind.multiplier(n, item.advantage, self.cfg.mix, ids, rewards)
         answer_reward = float(rewards[-1]) if answer_at is not None and answer_at < n else None
         return TraceCredit(mult, starts, entropies=entropies, answer_reward=answer_reward)
+
+    def _mc_credit(
+        self,
+        item: TraceInput,
+        starts: list[int],
+        answer_at: int | None,
+        cuts: list[int],
+        sums: list[float],
+        entropies: torch.Tensor,
+    ) -> TraceCredit:
+        """Monte Carlo values at RREDCoT's exit points, through RREDCoT's segment-reward-to-σ mapping.
+
+        The thinking segments earn ``log v̂(cut_{k+1}) - log v̂(cut_k)``; the answer segment after the
+        model's own exit earns the trace's own outcome against the value at that exit (the outcome
+        counted as ``samples`` equal rollouts, so both sides carry the same smoothing)."""
+        n, m = len(item.completion_ids), self.cfg.mc.samples
+        log_v = C.mc_log_values(sums, m)
+        rewards = C.segment_rewards(log_v)
+        answer_reward = None
+        if answer_at is not None and answer_at < n:
+            if item.outcome is None or not 0.0 <= item.outcome <= 1.0:
+                raise ValueError(
+                    f"Monte Carlo credit needs each trace's outcome in [0, 1], got {item.outcome}"
+                )
+            answer_reward = float(C.mc_log_values([item.outcome * m], m)[0] - log_v[-1])
+            starts = [*starts, answer_at]
+            rewards = torch.cat([rewards, rewards.new_tensor([answer_reward])])
+        ids = S.segment_ids_from_starts(starts, n)
+        mult = self.cfg.kind.multiplier(n, item.advantage, self.cfg.mix, ids, rewards)
+        return TraceCredit(mult, starts, cuts, log_v, entropies=entropies, answer_reward=answer_reward)
 
     def _greedy_baselines(
         self,

@@ -219,10 +219,11 @@ class CreditMethod:
     """
 
     name: str
-    segment_rewards: Literal["exit_values", "oracle"] | None
+    segment_rewards: Literal["exit_values", "oracle", "mc_values"] | None
     """Source of segment rewards: ``exit_values`` (teacher-forced exit-point values, RREDCoT),
-    ``oracle`` (the task says where a wrong trace first goes wrong: that segment gets all the blame)
-    or None (no segments: the whole trace is one)."""
+    ``oracle`` (the task says where a wrong trace first goes wrong: that segment gets all the blame),
+    ``mc_values`` (Monte Carlo values at the same exit points from policy rollouts) or None (no
+    segments: the whole trace is one)."""
     token_weights: Literal["entropy"] | None
     """Within a segment (or the trace), weight tokens by the policy's entropy, or uniformly (None)."""
     description: str
@@ -240,6 +241,11 @@ class CreditMethod:
     def needs_culprits(self) -> bool:
         """The trainer must be told, per trace, the token where it first goes wrong."""
         return self.segment_rewards == "oracle"
+
+    @property
+    def needs_rollouts(self) -> bool:
+        """The trainer must sample policy rollouts from every exit point and score their outcomes."""
+        return self.segment_rewards == "mc_values"
 
     @property
     def needs_entropies(self) -> bool:
@@ -352,6 +358,36 @@ def oracle_segment_rewards(n_segments: int, culprit_segment: int | None) -> Tens
             raise ValueError(f"culprit segment {culprit_segment} outside 0..{n_segments - 1}")
         rewards[culprit_segment] = -1.0
     return rewards
+
+
+register_credit_method(
+    CreditMethod(
+        "mc",
+        "mc_values",
+        None,
+        "Monte Carlo values (VinePPO-style): the mean outcome of policy rollouts from each of RREDCoT's "
+        "exit points, through the same segment-reward-to-σ mapping; the unbiased, expensive reference.",
+    )
+)
+
+
+@torch.no_grad()
+def mc_log_values(outcome_sums: Tensor | list[float], samples: int) -> Tensor:
+    """log v̂ at each exit point from the summed outcomes (rewards in [0, 1]) of ``samples`` rollouts
+    each: ``log((Σ r + 1) / (M + 2))`` (float64).
+
+    **[decision]** The plain mean ``Σ r / M`` is 0 wherever no rollout succeeds, and a log value of
+    -inf turns every drop to 0 into the whole trace's blame, however few rollouts saw it. The
+    posterior mean under a uniform prior (Laplace's rule) keeps every value inside (0, 1), so a
+    segment's reward ``log v̂(k+1) - log v̂(k)`` is finite and grows with the evidence behind it. A
+    trace's known outcome enters as the same estimate with every rollout equal to it.
+    """
+    if samples < 1:
+        raise ValueError("need at least one rollout per exit point")
+    sums = torch.as_tensor(outcome_sums, dtype=torch.float64).flatten()
+    if sums.isnan().any() or (sums < 0).any() or (sums > samples).any():
+        raise ValueError(f"outcome sums must lie in [0, {samples}] (rewards in [0, 1])")
+    return ((sums + 1.0) / (samples + 2.0)).log()
 
 
 def needs_exit_values(method: str) -> bool:

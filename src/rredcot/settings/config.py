@@ -62,7 +62,8 @@ class Arm:
     """How the sequence advantage is spread over tokens: uniform (stock GRPO, 1/|o|), rredcot (segment
     rewards from exit-point values), entropy (token-entropy weighting), rredcot+entropy (segment shares
     spread over tokens by entropy), oracle (synthetic task only: a wrong trace's blame on the segment
-    where it first goes wrong, the ceiling of segment-level credit)."""
+    where it first goes wrong, the ceiling of segment-level credit), mc (Monte Carlo values at the same
+    exit points from policy rollouts, VinePPO-style: the unbiased, expensive reference)."""
     loss_type: LossType = "grpo"
     """TRL loss normaliser; grpo is the sequence mean (σ = 1/|o|)."""
     label: str | None = None
@@ -86,8 +87,10 @@ def _default_arms() -> dict[str, Arm]:
         "bnpo": Arm("uniform", "bnpo", "BNPO"),
         "dr_grpo": Arm("uniform", "dr_grpo", "Dr.GRPO"),
         "dapo": Arm("uniform", "dapo", "DAPO"),
-        # The ceiling of segment-level credit on the synthetic task, and TRL's high-entropy token mask.
+        # The ceiling of segment-level credit on the synthetic task, the Monte Carlo reference, and
+        # TRL's high-entropy token mask.
         "oracle": Arm("oracle", "grpo", "Oracle"),
+        "mc": Arm("mc", "grpo", "MC"),
         "entropy_mask": Arm("uniform", "grpo", "GRPO 80/20", top_entropy_quantile=0.2),
     }
 
@@ -462,11 +465,11 @@ class ExperimentConfig:
     arms: dict[str, Arm] = field(default_factory=_default_arms)
     """Training arms, by name (letters, digits, '_' and '-'). Each is one credit method and one TRL
     loss type."""
-    run_arms: list[str] | None = field(default_factory=lambda: ["grpo", "rredcot", "oracle"])
+    run_arms: list[str] | None = field(default_factory=lambda: ["grpo", "rredcot", "mc", "oracle"])
     """The arms this run trains and tabulates, in table order (null: every arm under arms). A recipe
     file cannot delete the default arms (config files merge), so it names its arms here. The default
-    runs the arms that answer whether credit helps: GRPO, RREDCoT and the oracle ceiling
-    (config/baselines.yaml runs every arm)."""
+    runs the arms that answer whether credit helps: GRPO, RREDCoT, the Monte Carlo reference and the
+    oracle ceiling (config/baselines.yaml runs every arm)."""
     data: Data = field(default_factory=Data)
     """Where the problems come from."""
     clean: CleanSettings = field(default_factory=CleanSettings)

@@ -73,7 +73,9 @@ READS: dict[str, StageReads] = {
         + ("studies.bootstrap", "studies.seed"),
         _LOGGING,
     ),
-    "tables": StageReads(("arms", "run_arms", "report", "eval.n_samples"), _LOGGING),
+    "tables": StageReads(
+        ("arms", "run_arms", "report", "eval.n_samples", "rl.prompts_per_step", "rl.num_generations"), _LOGGING
+    ),
     # The analyses: traces of held-out problems (analysis) or of the RL split (prm, only to train
     # the small process reward model).
     "study_traces": StageReads(

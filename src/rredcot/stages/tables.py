@@ -100,6 +100,26 @@ def _step_times(train_dir: Path, arm: str) -> tuple[list[float], list[float], li
     return steps, credit, paired
 
 
+def _rollout_tokens(
+    train_dir: Path, arm: str, completions_per_step: int
+) -> tuple[float | None, float | None]:
+    """Mean tokens per step of the Monte Carlo arm's rollouts and of the policy's own completions.
+
+    Generation is what Monte Carlo credit buys its values with; the two side by side say how many
+    times the GRPO step's own sampling it generates."""
+    rollouts, own = [], []
+    for metrics in sorted(train_dir.glob(f"{arm}/seed*/metrics.jsonl")):
+        with open(metrics) as fh:
+            rows = [row for row in map(json.loads, fh) if "step_time" in row]
+        rollouts += [float(r["credit/rollout_tokens"]) for r in rows if "credit/rollout_tokens" in r]
+        own += [
+            float(r["completions/mean_length"]) * completions_per_step
+            for r in rows
+            if "completions/mean_length" in r
+        ]
+    return (statistics.mean(rollouts) if rollouts else None), (statistics.mean(own) if own else None)
+
+
 def cost_table(
     cfg: Mapping[str, Any], benchmarks_dir: Path, train_dir: Path, bench: Path | None
 ) -> pl.DataFrame:
@@ -113,6 +133,8 @@ def cost_table(
         step = statistics.mean(steps) if steps else None
         if arm_of_uniform_grpo(cfg, arm) and step is not None:
             base_step = step
+        per_step = cfg["rl"]["prompts_per_step"] * cfg["rl"]["num_generations"]
+        rollout_tokens, completion_tokens = _rollout_tokens(train_dir, arm, per_step)
         rows.append(
             {
                 "item": arm_label(cfg, arm),
@@ -125,6 +147,8 @@ def cost_table(
                 "step_s": step,
                 "credit_s_per_step": statistics.mean(credit) if credit else None,
                 "step_ratio_within_run": round(statistics.mean(paired), 3) if paired else None,
+                "completion_tokens_per_step": completion_tokens,
+                "rollout_tokens_per_step": rollout_tokens,
             }
         )
     for row in rows:

@@ -1,0 +1,178 @@
+"""The Monte Carlo credit arm: values at RREDCoT's exit points from policy rollouts (VinePPO-style),
+through the same segment-reward-to-σ mapping."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rredcot.adapter.experiment import grpo_args
+from rredcot.adapter.trainer import RREDCoTTrainer
+from rredcot.data.records import rl_records, row_reward
+from rredcot.data.synthetic import TaskConfig, generate_splits
+from rredcot.lm.modeling import build_scratch_model, train_tokenizer
+from rredcot.method import credit as C
+from rredcot.method import segmentation as S
+from rredcot.method.assign import CreditAssigner, MonteCarloSettings, TraceInput
+from rredcot.settings.config import credit_config, load_config
+
+PROBLEM = "Start at 9, times 2, add 6. Work mod 10."
+COPIED = (
+    "First, 9 * 2 = 8.\nNext, 8 + 6 = 5.\nCheck, 5 is the value.\nFinally, 5 it is.\n"
+    "</think>\n9 * 2 = 8, 8 + 6 = 5. \\boxed{5}"
+)
+
+
+# -- values ---------------------------------------------------------------------------------------------
+def test_mc_log_values_are_laplace_smoothed_means():
+    got = C.mc_log_values([0, 2, 4], 4).exp()
+    assert torch.allclose(got, torch.tensor([1 / 6, 3 / 6, 5 / 6], dtype=torch.float64))
+    with pytest.raises(ValueError, match="outcome sums"):
+        C.mc_log_values([5], 4)
+    with pytest.raises(ValueError, match="at least one"):
+        C.mc_log_values([0], 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=st.integers(1, 64), data=st.data())
+def test_mc_values_are_finite_ordered_and_inside_0_1(m, data):
+    sums = data.draw(st.lists(st.floats(0.0, float(m)), min_size=1, max_size=10))
+    log_v = C.mc_log_values(sums, m)
+    assert torch.isfinite(log_v).all() and (log_v < 0).all()
+    order = sorted(range(len(sums)), key=lambda i: sums[i])
+    assert all(log_v[a] <= log_v[b] for a, b in zip(order, order[1:], strict=False))
+
+
+# -- in the assigner --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    cfg = load_config(
+        "config/config.yaml",
+        {
+            "rl": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 40, "max_steps": 1},
+            "credit": {"mc": {"samples": 3, "max_new_tokens": 24}},
+        },
+    )
+    splits = generate_splits(TaskConfig(n_sft=300, n_rl=40, n_test=10, seed=3, teacher_error_rate=0.2))
+    template = cfg["prompt"]["template"]
+    tok = train_tokenizer(
+        [template.replace("{problem}", r["problem"]) + r["completion"] for r in splits["sft"]], 300
+    )
+    tok.padding_side = "left"
+    small = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+    model = build_scratch_model(tok, {**cfg["model"], **small}, seed=0)
+    return cfg, tok, model, splits, tmp_path_factory.mktemp("mc")
+
+
+def test_the_segment_where_rollouts_stop_succeeding_takes_the_blame(setup):
+    cfg, tok, model, _, _ = setup
+    assigner = CreditAssigner(tok, credit_config(cfg, "mc"))
+    prompt = assigner.encode(f"Problem: {PROBLEM}\n<think>\n")
+    ids = assigner.encode(COPIED) + [tok.eos_token_id]
+    seen = {}
+
+    def rollouts(policy, items, cuts):
+        # Every rollout succeeds before the second cut and fails from it on: segment 1 lost the value.
+        seen["cuts"] = cuts
+        m = assigner.cfg.mc.samples
+        return [[float(m) if i < 2 else 0.0 for i in range(len(c))] for c in cuts]
+
+    model.eval()
+    item = TraceInput(prompt, ids, -1.0, [], outcome=0.0)
+    with pytest.raises(ValueError, match="needs rollouts="):
+        assigner.assign(model, [item])
+    (out,) = assigner.assign(model, [item], rollouts=rollouts)
+    n = len(ids)
+    cuts = seen["cuts"][0]
+    assert out.cuts == cuts and len(cuts) >= 4 and cuts[0] == 0
+    # The exit points are RREDCoT's: the thinking segments end where the model exits.
+    texts = assigner.token_texts(ids)
+    assert cuts[-1] == S.thinking_end(texts, "</think>\n") == out.segment_starts[-1]
+    seg = S.segment_ids_from_starts(out.segment_starts, n)
+    sigma = out.multiplier / n
+    assert abs(float(sigma.sum()) - 1.0) < 1e-5 and (sigma >= 0).all()
+    inside, outside = sigma[seg == 1], sigma[seg != 1]
+    assert float(inside.min()) > float(outside.max())
+    # A wrong outcome at an exit whose rollouts all fail already: the answer segment is not blamed.
+    assert out.answer_reward == pytest.approx(0.0, abs=1e-12)
+    assert torch.allclose(out.log_values.exp()[:2], torch.full((2,), 4 / 5, dtype=torch.float64))
+
+
+def test_a_right_answer_after_hopeless_thinking_credits_the_answer_segment(setup):
+    cfg, tok, model, _, _ = setup
+    assigner = CreditAssigner(tok, credit_config(cfg, "mc"))
+    prompt = assigner.encode(f"Problem: {PROBLEM}\n<think>\n")
+    ids = assigner.encode(COPIED) + [tok.eos_token_id]
+    model.eval()
+    (out,) = assigner.assign(
+        model,
+        [TraceInput(prompt, ids, 1.0, [], outcome=1.0)],
+        rollouts=lambda policy, items, cuts: [[0.0] * len(c) for c in cuts],
+    )
+    n = len(ids)
+    seg = S.segment_ids_from_starts(out.segment_starts, n)
+    answer = len(out.segment_starts) - 1
+    assert out.answer_reward == pytest.approx(math.log(4 / 5) - math.log(1 / 5))
+    sigma = out.multiplier / n
+    assert float(sigma[seg == answer].min()) > float(sigma[seg != answer].max())
+
+
+def test_settings_refuse_empty_rollouts():
+    with pytest.raises(ValueError):
+        MonteCarloSettings(samples=0)
+    with pytest.raises(ValueError):
+        MonteCarloSettings(max_new_tokens=0)
+
+
+# -- in the trainer -----------------------------------------------------------------------------------------
+def test_trainer_samples_rollouts_from_every_exit_point_and_logs_their_cost(setup):
+    cfg, tok, model, splits, out = setup
+    dataset = Dataset.from_list(rl_records(splits["rl"], cfg["prompt"]["template"]))
+    args = grpo_args(cfg, "mc", 0, out / "mc")
+    # A reward that varies within a group, so that advantages are not all 0.
+    kw = dict(reward_funcs=[lambda completions, **_: [1.0 / (1 + len(c)) for c in completions]], args=args)
+    with pytest.raises(ValueError, match="needs rollout_reward="):
+        RREDCoTTrainer(
+            model=copy.deepcopy(model),
+            train_dataset=dataset,
+            processing_class=tok,
+            credit=credit_config(cfg, "mc"),
+            **kw,
+        )
+    scored = []
+
+    def reward(row, text):
+        scored.append(text)
+        return row_reward(row, text)
+
+    trainer = RREDCoTTrainer(
+        model=copy.deepcopy(model),
+        train_dataset=dataset,
+        processing_class=tok,
+        credit=credit_config(cfg, "mc"),
+        rollout_reward=reward,
+        **kw,
+    )
+    torch.manual_seed(0)
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([dataset[i] for i in range(8)])
+    rollouts = trainer._metrics["train"]["credit/rollouts"][-1]
+    tokens = trainer._metrics["train"]["credit/rollout_tokens"][-1]
+    traces = trainer._metrics["train"]["credit/traces"][-1]
+    segments = trainer._metrics["train"]["credit/segments"][-1]
+    assert traces > 0 and rollouts >= 3 * traces  # M = 3 rollouts at every exit point
+    assert 0 < tokens <= 24 * rollouts
+    assert len(scored) == traces + rollouts  # each trace's own outcome, then every rollout
+    assert segments >= 1
+    adv, mask = batch["advantages"], batch["completion_mask"].bool()
+    for i in range(adv.shape[0]):
+        row = adv[i][mask[i]]
+        if row.numel() and row.mean().abs() > 1e-8:
+            f = row / row.mean()
+            assert (f >= -1e-6).all() and abs(float(f.sum()) - f.numel()) < 1e-3
