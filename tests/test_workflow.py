@@ -104,6 +104,7 @@ def test_table1_has_every_arm(smoke: Path) -> None:
         "dr.grpo",
         "dapo",
         "oracle",
+        "mc",
         "grpo_80/20",
     ]
     assert {"benchmark", "metric", "base_sft_mean", *(f"{a}_mean" for a in labels)} <= set(table.columns)
@@ -117,6 +118,20 @@ def test_paired_comparison_with_the_first_arm(smoke: Path) -> None:
     assert set(paired["reference"].to_list()) == {"GRPO"}
     assert paired.height == 2 * (len(ARMS) - 1)  # every other arm, greedy and sampled
     assert set(paired["seeds"].to_list()) == {2} and (paired["diff_low"] <= paired["diff_high"]).all()
+
+
+@pytest.mark.slow
+def test_claims_and_the_cost_of_monte_carlo_credit(smoke: Path) -> None:
+    claims = pl.read_csv(smoke / "claims.csv")
+    names = claims["claim"].to_list()
+    assert {"rredcot_beats_grpo", "mc_beats_grpo", "cost", "testbed_oracle_beats_grpo"} <= set(names)
+    assert set(claims["verdict"].to_list()) <= {"supported", "contradicted", "inconclusive"}
+    assert (smoke / "claims.md").read_text().count("\n| ") == len(names) + 1
+    cost = pl.read_csv(smoke / "cost.csv").filter(pl.col("kind") == "train")
+    by_item = {r["item"]: r for r in cost.to_dicts()}
+    # Monte Carlo credit generates for its values, beside the policy's own completions; GRPO does not.
+    assert by_item["MC"]["rollout_tokens_per_step"] > 0 and by_item["MC"]["completion_tokens_per_step"] > 0
+    assert by_item["GRPO"]["rollout_tokens_per_step"] is None
 
 
 @pytest.mark.slow
@@ -179,7 +194,7 @@ def test_logs_and_benchmarks(smoke: Path) -> None:
 @pytest.mark.slow
 def test_one_mlflow_run_per_job(smoke: Path) -> None:
     # 1 data + 1 clean + 1 sft + arms x 2 train + (arms + base) x 2 eval + 1 report + 1 tables
-    # + 2 trace sets, 2 MC runs, MC figures, attribution, PRM training and scoring, attribution
+    # + 1 claims + 2 trace sets, 2 MC runs, MC figures, attribution, PRM training and scoring, attribution
     # figures, blame localisation.
     client = MlflowClient(tracking_uri=f"sqlite:///{smoke}/mlflow.db")
     exp = client.get_experiment_by_name("rredcot-smoke")
@@ -187,7 +202,7 @@ def test_one_mlflow_run_per_job(smoke: Path) -> None:
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     parents = {r.data.tags["mlflow.parentRunId"] for r in children}
     runs = 2 * len(ARMS)
-    assert len(children) == 3 + runs + (runs + 2) + 2 + 10 and len(parents) == 1
+    assert len(children) == 3 + runs + (runs + 2) + 3 + 10 and len(parents) == 1
     assert all(r.info.status == "FINISHED" for r in children)
 
 

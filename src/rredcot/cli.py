@@ -45,6 +45,7 @@ STAGES = {
     "bench-memory": "rredcot.stages.bench_memory:main",
     "gpu-check": "rredcot.stages.gpu_check:main",
     "tables": "rredcot.stages.tables:main",
+    "claims": "rredcot.stages.claims:main",
     "credit-view": "rredcot.stages.credit_view:main",
     "study-traces": "rredcot.studies.traces:main",
     "study-mc": "rredcot.studies.mc:main",

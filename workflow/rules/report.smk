@@ -68,3 +68,35 @@ rule tables:
         "rredcot tables --config {params.cfg} --summaries {input.summaries}"
         " --table2 {output.table2} --cost {output.cost} --benchmarks-dir {params.benchmarks}"
         " --train-dir {params.train} {params.bench} > {log} 2>&1"
+
+
+# The paper's claims, each with the measured value, its interval and a verdict on this testbed.
+rule claims:
+    input:
+        paired=f"{R}/paired.csv",
+        cost=f"{R}/cost.csv",
+        truncation=f"{FIG}/fig3_truncation.csv",
+        attribution=f"{FIG}/fig4_attribution_correlation.csv",
+        prm=f"{FIG}/fig5_prm_vs_nll.csv",
+        variance=f"{FIG}/fig7_mc_variance.csv",
+        localisation=STUDY_LOCALISATION,
+    output:
+        csv=report(f"{R}/claims.csv", caption="../report/claims.rst", category="Tables"),
+        md=f"{R}/claims.md",
+    log:
+        f"{R}/logs/claims.log",
+    benchmark:
+        f"{R}/benchmarks/claims.tsv"
+    conda:
+        "../../envs/rredcot.yaml"
+    params:
+        cfg=PY_CONFIG,
+        settings=settings("claims"),
+        localisation=lambda wc, input: (
+            f"--localisation {input.localisation}" if input.localisation else ""
+        ),
+    shell:
+        "rredcot claims --config {params.cfg} --paired {input.paired} --cost {input.cost}"
+        " --truncation {input.truncation} --attribution {input.attribution} --prm {input.prm}"
+        " --variance {input.variance} {params.localisation} --csv {output.csv} --md {output.md}"
+        " > {log} 2>&1"

@@ -74,8 +74,10 @@ READS: dict[str, StageReads] = {
         _LOGGING,
     ),
     "tables": StageReads(
-        ("arms", "run_arms", "report", "eval.n_samples", "rl.prompts_per_step", "rl.num_generations"), _LOGGING
+        ("arms", "run_arms", "report", "eval.n_samples", "rl.prompts_per_step", "rl.num_generations"),
+        _LOGGING,
     ),
+    "claims": StageReads(("arms", "run_arms", "rl.max_steps", "credit.mc.samples"), _LOGGING),
     # The analyses: traces of held-out problems (analysis) or of the RL split (prm, only to train
     # the small process reward model).
     "study_traces": StageReads(

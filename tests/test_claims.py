@@ -1,0 +1,183 @@
+"""claims.csv: each claim of the paper checked against the run's measurements (rredcot.stages.claims)."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+import pytest
+from scipy import stats
+
+from rredcot.settings.config import load_config
+from rredcot.stages import claims as K
+
+SOURCES = {k: f"{k}.csv" for k in ("paired", "cost", "truncation", "attribution", "prm", "variance")} | {
+    "localisation": "localisation.json"
+}
+
+
+def test_verdicts_follow_the_interval():
+    assert K.verdict_above(0.01, 0.2) == "supported"
+    assert K.verdict_above(-0.2, -0.01) == "contradicted"
+    assert K.verdict_above(-0.1, 0.1) == "inconclusive"
+    assert K.verdict_above(None, 0.3) == "inconclusive"
+    assert K.verdict_above(0.71, 0.9, line=0.7) == "supported"
+
+
+def test_wilson_interval_matches_its_formula_and_stays_in_0_1():
+    low, high = K.wilson_interval(0.0, 50)
+    assert low == pytest.approx(0.0, abs=1e-12) and 0.0 < high < 0.1
+    low, high = K.wilson_interval(0.5, 100)
+    assert low == pytest.approx(0.4038, abs=1e-3) and high == pytest.approx(0.5962, abs=1e-3)
+
+
+def test_fisher_interval_covers_the_spearman_correlation_of_samples():
+    # Monte Carlo: the interval of a sample's Spearman rho covers the population's about 95% of the time.
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rho_true, covered, trials = 0.5, 0, 400
+    cov = [[1, rho_true], [rho_true, 1]]
+    big = rng.multivariate_normal([0, 0], cov, size=200_000)
+    target = stats.spearmanr(big[:, 0], big[:, 1]).statistic
+    for _ in range(trials):
+        xy = rng.multivariate_normal([0, 0], cov, size=40)
+        low, high = K.fisher_interval(stats.spearmanr(xy[:, 0], xy[:, 1]).statistic, 40)
+        covered += low <= target <= high
+    assert 0.9 <= covered / trials <= 0.99
+    assert all(math.isnan(x) for x in K.fisher_interval(0.3, 3))
+
+
+def _paired(rows):
+    cols = ["arm", "reference", "metric", "seeds", "problems", "diff", "diff_low", "diff_high"]
+    cols += ["steps_to_reference", "steps_low", "steps_high"]
+    return pl.DataFrame([dict(zip(cols, r, strict=True)) for r in rows])
+
+
+@pytest.fixture
+def inputs():
+    cfg = load_config("config/config.yaml")
+    paired = _paired(
+        [
+            ("RREDCoT", "GRPO", "sampled", 3, 100, 0.01, -0.02, 0.04, 30.0, 20.0, 45.0),
+            ("MC", "GRPO", "sampled", 3, 100, 0.03, 0.01, 0.05, 20.0, 10.0, 30.0),
+            ("Oracle", "GRPO", "sampled", 3, 100, 0.06, 0.03, 0.09, 15.0, 10.0, 20.0),
+            ("Oracle", "GRPO", "greedy", 3, 100, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+        ]
+    )
+    cost = pl.DataFrame(
+        [
+            {"item": "GRPO", "kind": "train", "step_ratio_to_grpo": 1.0},
+            {"item": "RREDCoT", "kind": "train", "step_ratio_to_grpo": 1.8},
+            {"item": "MC", "kind": "train", "step_ratio_to_grpo": 9.0},
+            {"item": "Oracle", "kind": "train", "step_ratio_to_grpo": 1.1},
+        ]
+    )
+    truncation = pl.DataFrame(
+        [
+            {"group": "all", "truncation": t, "points": 10, "rollouts": 200, "lost": lost, "lost_correct": lc}
+            for t, lost, lc in ((40, 0.5, 0.2), (80, 0.2, 0.1), (160, 0.05, 0.0))
+        ]
+    )
+    attribution = pl.DataFrame(
+        [
+            {"method_a": "rredcot", "method_b": "mc", "fraction": f, "n": n, "spearman": rho}
+            for f, n, rho in ((0.2, 60, 0.7), (0.6, 150, 0.5), (1.0, 300, 0.4))
+        ]
+        + [{"method_a": "rredcot", "method_b": "loo", "fraction": 0.2, "n": 60, "spearman": -0.9}]
+    )
+    prm = pl.DataFrame(
+        [
+            {"prm": "prm_score", "given_answer": False, "nll": "d_thought_nll", "n": 200, "spearman": -0.6},
+            {"prm": "prm_score", "given_answer": False, "nll": "d_answer_nll", "n": 200, "spearman": 0.1},
+            {"prm": "prm_score", "given_answer": True, "nll": "d_answer_nll", "n": 200, "spearman": 0.9},
+        ]
+    )
+    variance = pl.DataFrame(
+        [
+            {"samples": m, "exit_points": k, "traces": 8, "value_sd": 0.3 / math.sqrt(m) + 0.01 * k}
+            for m in (1, 2, 4, 8)
+            for k in (1, 2, 3)
+        ]
+    )
+    localisation = {"thinking": {"traces": 40, "top_blame_rate": 0.9, "chance": 0.2}}
+    return cfg, paired, cost, truncation, attribution, prm, variance, localisation
+
+
+def test_claims_table_reads_each_source_and_judges_it(inputs):
+    rows = {c.claim: c for c in K.claims_table(*inputs, SOURCES)}
+    assert list(rows) == [
+        "rredcot_beats_grpo",
+        "mc_beats_grpo",
+        "sample_efficiency",
+        "rredcot_tracks_mc",
+        "truncated_mc_loses_rollouts",
+        "mc_estimates_noisy",
+        "prm_follows_thought_nll",
+        "cost",
+        "testbed_oracle_beats_grpo",
+        "testbed_localisation",
+    ]
+    verdicts = {k: c.verdict for k, c in rows.items()}
+    assert verdicts == {
+        "rredcot_beats_grpo": "inconclusive",  # [-0.02, 0.04] straddles 0
+        "mc_beats_grpo": "supported",
+        "sample_efficiency": "inconclusive",  # [20, 45] straddles GRPO's 40 steps
+        "rredcot_tracks_mc": "supported",  # late 0.7 > overall 0.4, interval above 0
+        "truncated_mc_loses_rollouts": "supported",  # 10% of 200 rollouts at T = 80 of 160
+        "mc_estimates_noisy": "supported",  # M = 4: 0.15 + 0.03
+        "prm_follows_thought_nll": "supported",  # |-0.6| vs |0.1|, intervals apart
+        "cost": "supported",  # 1.8x, MC 9x = 5x RREDCoT
+        "testbed_oracle_beats_grpo": "supported",
+        "testbed_localisation": "supported",  # 0.9 of 40, Wilson low > 0.7
+    }
+    assert rows["truncated_mc_loses_rollouts"].value == 0.1
+    assert rows["mc_estimates_noisy"].value == pytest.approx(0.3 / 2 + 0.03)
+    assert rows["rredcot_tracks_mc"].value == 0.7
+    assert rows["cost"].value == 1.8 and rows["prm_follows_thought_nll"].value == pytest.approx(0.5)
+    assert all(c.source for c in rows.values())
+
+
+def test_claims_turn_against_the_paper_when_the_numbers_do(inputs):
+    cfg, paired, cost, truncation, attribution, prm, variance, localisation = inputs
+    paired = paired.with_columns(
+        pl.when(pl.col("arm") == "RREDCoT").then(-0.05).otherwise(pl.col("diff_high")).alias("diff_high"),
+        pl.when(pl.col("arm") == "RREDCoT").then(-0.08).otherwise(pl.col("diff_low")).alias("diff_low"),
+        pl.when(pl.col("arm") == "RREDCoT")
+        .then(float("inf"))
+        .otherwise(pl.col("steps_to_reference"))
+        .alias("steps_to_reference"),
+    )
+    cost = cost.with_columns(
+        pl.when(pl.col("item") == "RREDCoT")
+        .then(3.0)
+        .otherwise(pl.col("step_ratio_to_grpo"))
+        .alias("step_ratio_to_grpo")
+    )
+    variance = variance.with_columns(pl.col("value_sd") / 10)
+    attribution = attribution.with_columns(-pl.col("spearman"))
+    localisation = {"thinking": {"traces": 40, "top_blame_rate": 0.3, "chance": 0.2}}
+    rows = {
+        c.claim: c.verdict
+        for c in K.claims_table(
+            cfg, paired, cost, truncation, attribution, prm, variance, localisation, SOURCES
+        )
+    }
+    assert rows["rredcot_beats_grpo"] == "contradicted"
+    assert rows["sample_efficiency"] == "contradicted"  # never reached GRPO's final accuracy
+    assert rows["cost"] == "contradicted"
+    assert rows["mc_estimates_noisy"] == "contradicted"
+    assert rows["rredcot_tracks_mc"] == "contradicted"
+    assert rows["testbed_localisation"] == "contradicted"
+
+
+def test_a_run_without_the_mc_arm_says_so(inputs):
+    cfg, paired, cost, *rest = inputs
+    cfg = {**cfg, "run_arms": ["grpo", "rredcot", "oracle"]}
+    rows = {
+        c.claim: c for c in K.claims_table(cfg, paired, cost.filter(pl.col("item") != "MC"), *rest, SOURCES)
+    }
+    assert "mc_beats_grpo" not in rows
+    assert rows["cost"].verdict == "supported" and "no MC arm" in rows["cost"].note
+    md = K.markdown(list(rows.values()), "x")
+    assert md.count("\n| ") == len(rows) + 1 and "**supported**" in md
