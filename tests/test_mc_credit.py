@@ -3,24 +3,19 @@ through the same segment-reward-to-σ mapping."""
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import torch
-from datasets import Dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from synthetic_setup import arm_trainer, assert_redistributed, one_credit_step, synthetic_setup
 
-from rredcot.adapter.experiment import grpo_args
-from rredcot.adapter.trainer import RREDCoTTrainer
-from rredcot.data.records import rl_records, row_reward
-from rredcot.data.synthetic import TaskConfig, generate_splits
-from rredcot.lm.modeling import build_scratch_model, train_tokenizer
+from rredcot.data.records import row_reward
 from rredcot.method import credit as C
 from rredcot.method import segmentation as S
 from rredcot.method.assign import CreditAssigner, MonteCarloSettings, TraceInput
-from rredcot.settings.config import credit_config, load_config
+from rredcot.settings.config import credit_config
 
 PROBLEM = "Start at 9, times 2, add 6. Work mod 10."
 COPIED = (
@@ -52,22 +47,10 @@ def test_mc_values_are_finite_ordered_and_inside_0_1(m, data):
 # -- in the assigner --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    cfg = load_config(
-        "config/config.yaml",
-        {
-            "rl": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 40, "max_steps": 1},
-            "credit": {"mc": {"samples": 3, "max_new_tokens": 24}},
-        },
+    return (
+        *synthetic_setup({"credit": {"mc": {"samples": 3, "max_new_tokens": 24}}}),
+        tmp_path_factory.mktemp("mc"),
     )
-    splits = generate_splits(TaskConfig(n_sft=300, n_rl=40, n_test=10, seed=3, teacher_error_rate=0.2))
-    template = cfg["prompt"]["template"]
-    tok = train_tokenizer(
-        [template.replace("{problem}", r["problem"]) + r["completion"] for r in splits["sft"]], 300
-    )
-    tok.padding_side = "left"
-    small = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
-    model = build_scratch_model(tok, {**cfg["model"], **small}, seed=0)
-    return cfg, tok, model, splits, tmp_path_factory.mktemp("mc")
 
 
 def test_the_segment_where_rollouts_stop_succeeding_takes_the_blame(setup):
@@ -132,36 +115,16 @@ def test_settings_refuse_empty_rollouts():
 
 # -- in the trainer -----------------------------------------------------------------------------------------
 def test_trainer_samples_rollouts_from_every_exit_point_and_logs_their_cost(setup):
-    cfg, tok, model, splits, out = setup
-    dataset = Dataset.from_list(rl_records(splits["rl"], cfg["prompt"]["template"]))
-    args = grpo_args(cfg, "mc", 0, out / "mc")
-    # A reward that varies within a group, so that advantages are not all 0.
-    kw = dict(reward_funcs=[lambda completions, **_: [1.0 / (1 + len(c)) for c in completions]], args=args)
     with pytest.raises(ValueError, match="needs rollout_reward="):
-        RREDCoTTrainer(
-            model=copy.deepcopy(model),
-            train_dataset=dataset,
-            processing_class=tok,
-            credit=credit_config(cfg, "mc"),
-            **kw,
-        )
+        arm_trainer(setup, "mc")
     scored = []
 
     def reward(row, text):
         scored.append(text)
         return row_reward(row, text)
 
-    trainer = RREDCoTTrainer(
-        model=copy.deepcopy(model),
-        train_dataset=dataset,
-        processing_class=tok,
-        credit=credit_config(cfg, "mc"),
-        rollout_reward=reward,
-        **kw,
-    )
-    torch.manual_seed(0)
-    trainer.model.train()
-    batch = trainer._generate_and_score_completions([dataset[i] for i in range(8)])
+    trainer, dataset = arm_trainer(setup, "mc", rollout_reward=reward)
+    batch = one_credit_step(trainer, dataset)
     rollouts = trainer._metrics["train"]["credit/rollouts"][-1]
     tokens = trainer._metrics["train"]["credit/rollout_tokens"][-1]
     traces = trainer._metrics["train"]["credit/traces"][-1]
@@ -170,9 +133,4 @@ def test_trainer_samples_rollouts_from_every_exit_point_and_logs_their_cost(setu
     assert 0 < tokens <= 24 * rollouts
     assert len(scored) == traces + rollouts  # each trace's own outcome, then every rollout
     assert segments >= 1
-    adv, mask = batch["advantages"], batch["completion_mask"].bool()
-    for i in range(adv.shape[0]):
-        row = adv[i][mask[i]]
-        if row.numel() and row.mean().abs() > 1e-8:
-            f = row / row.mean()
-            assert (f >= -1e-6).all() and abs(float(f.sum()) - f.numel()) < 1e-3
+    assert_redistributed(batch)

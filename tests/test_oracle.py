@@ -3,23 +3,18 @@ blame there on RREDCoT's own segments (the ceiling of segment-level credit)."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from datasets import Dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from synthetic_setup import arm_trainer, assert_redistributed, one_credit_step, synthetic_setup
 
 from rredcot.adapter.experiment import grpo_args
-from rredcot.adapter.trainer import RREDCoTTrainer
-from rredcot.data.records import rl_records
-from rredcot.data.synthetic import TaskConfig, culprit, culprit_offset, generate_splits
-from rredcot.lm.modeling import build_scratch_model, train_tokenizer
+from rredcot.data.synthetic import culprit, culprit_offset
 from rredcot.method import credit as C
 from rredcot.method import segmentation as S
 from rredcot.method.assign import CreditAssigner, TraceInput
-from rredcot.settings.config import credit_config, load_config
+from rredcot.settings.config import credit_config
 
 PROBLEM = "Start at 9, times 2, add 6. Work mod 10."  # 9 * 2 = 8, 8 + 6 = 4
 COPIED = "First, 9 * 2 = 8.\nFinally, 8 + 6 = 5.\n</think>\n9 * 2 = 8, 8 + 6 = 5. \\boxed{5}"
@@ -87,19 +82,7 @@ def test_oracle_sigma_puts_the_blame_on_the_culprit(lengths, data, mix, advantag
 # -- in the assigner and the trainer ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    cfg = load_config(
-        "config/config.yaml",
-        {"rl": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 40, "max_steps": 1}},
-    )
-    splits = generate_splits(TaskConfig(n_sft=300, n_rl=40, n_test=10, seed=3, teacher_error_rate=0.2))
-    template = cfg["prompt"]["template"]
-    tok = train_tokenizer(
-        [template.replace("{problem}", r["problem"]) + r["completion"] for r in splits["sft"]], 300
-    )
-    tok.padding_side = "left"
-    small = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
-    model = build_scratch_model(tok, {**cfg["model"], **small}, seed=0)
-    return cfg, tok, model, splits, tmp_path_factory.mktemp("oracle")
+    return (*synthetic_setup(), tmp_path_factory.mktemp("oracle"))
 
 
 def _oracle_credit(setup, completion: str, culprit_char: int | None, advantage: float = -1.0):
@@ -141,42 +124,19 @@ def test_oracle_blames_the_answer_segment_for_a_slip_and_leaves_right_traces_uni
 
 
 def test_trainer_needs_the_tasks_culprits_and_uses_them(setup):
-    cfg, tok, model, splits, out = setup
-    dataset = Dataset.from_list(rl_records(splits["rl"], cfg["prompt"]["template"]))
-    args = grpo_args(cfg, "oracle", 0, out / "oracle")
-    kw = dict(reward_funcs=[lambda completions, **_: [1.0 / (1 + len(c)) for c in completions]], args=args)
     with pytest.raises(ValueError, match="needs culprit="):
-        RREDCoTTrainer(
-            model=copy.deepcopy(model),
-            train_dataset=dataset,
-            processing_class=tok,
-            credit=credit_config(cfg, "oracle"),
-            **kw,
-        )
+        arm_trainer(setup, "oracle")
     seen = []
 
     def culprit_of(row, text):
         seen.append((row["problem"], text))
         return culprit_offset(row, text)
 
-    trainer = RREDCoTTrainer(
-        model=copy.deepcopy(model),
-        train_dataset=dataset,
-        processing_class=tok,
-        credit=credit_config(cfg, "oracle"),
-        culprit=culprit_of,
-        **kw,
-    )
-    torch.manual_seed(0)
-    trainer.model.train()
-    batch = trainer._generate_and_score_completions([dataset[i] for i in range(8)])
+    trainer, dataset = arm_trainer(setup, "oracle", culprit=culprit_of)
+    batch = one_credit_step(trainer, dataset)
+    splits = setup[3]
     assert seen and all(problem in PROBLEMS(splits) for problem, _ in seen)
-    adv, mask = batch["advantages"], batch["completion_mask"].bool()
-    for i in range(adv.shape[0]):
-        row = adv[i][mask[i]]
-        if row.numel() and row.mean().abs() > 1e-8:
-            f = row / row.mean()
-            assert (f >= -1e-6).all() and abs(float(f.sum()) - f.numel()) < 1e-3
+    assert_redistributed(batch)
 
 
 def PROBLEMS(splits) -> set[str]:
