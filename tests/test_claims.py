@@ -181,3 +181,24 @@ def test_a_run_without_the_mc_arm_says_so(inputs):
     assert rows["cost"].verdict == "supported" and "no MC arm" in rows["cost"].note
     md = K.markdown(list(rows.values()), "x")
     assert md.count("\n| ") == len(rows) + 1 and "**supported**" in md
+
+
+def test_too_little_to_judge_is_inconclusive(inputs):
+    cfg, paired, cost, truncation, attribution, prm, variance, localisation = inputs
+    # The reference never beat its start (reached at step 0); one trace of Monte Carlo values; an MC
+    # arm that generated nothing.
+    paired = paired.with_columns(pl.lit(0.0).alias("steps_high"), pl.lit(0.0).alias("steps_to_reference"))
+    variance = variance.with_columns(pl.lit(1).alias("traces"))
+    cost = cost.with_columns(pl.lit(0.0).alias("rollout_tokens_per_step"))
+    rows = {
+        c.claim: c
+        for c in K.claims_table(
+            cfg, paired, cost, truncation, attribution, prm, variance, localisation, SOURCES
+        )
+    }
+    assert (
+        rows["sample_efficiency"].verdict == "inconclusive"
+        and "no better than its start" in rows["sample_efficiency"].note
+    )
+    assert rows["mc_estimates_noisy"].verdict == "inconclusive"
+    assert rows["cost"].verdict == "supported" and "generated no rollouts" in rows["cost"].note

@@ -49,6 +49,8 @@ MUCH_LARGER = 2.0
 of RREDCoT's."""
 RREDCOT_COST_RANGE = (1.5, 2.0)
 """The paper's stated RREDCoT overhead over GRPO (step time ratio)."""
+MIN_TRACES = 5
+"""Fewer traces with Monte Carlo values than this say nothing about their noise."""
 LOCALISATION_TARGET = 0.7
 """The testbed's target: RREDCoT's most-blamed segment is a wrong trace's thinking culprit this often."""
 
@@ -163,7 +165,7 @@ def efficiency_claim(paired: pl.DataFrame, label: str, reference: str, last_step
         float(row[k]) if row[k] is not None else math.nan
         for k in ("steps_to_reference", "steps_low", "steps_high")
     )
-    if math.isnan(value):
+    if math.isnan(value) or high == 0:  # reached at step 0: the reference never beat its start
         verdict = "inconclusive"
     elif math.isinf(value) or low > last_step:
         verdict = "contradicted"
@@ -172,6 +174,8 @@ def efficiency_claim(paired: pl.DataFrame, label: str, reference: str, last_step
     else:
         verdict = "inconclusive"
     note = "inf: not reached within the run" if math.isinf(value) else ""
+    if high == 0:
+        note = f"{reference}'s final accuracy is no better than its start: nothing to reach"
     return Claim("sample_efficiency", statement, measure, value, low, high, verdict, source, note)
 
 
@@ -268,21 +272,28 @@ def noise_claim(variance: pl.DataFrame, samples: int, source: str) -> Claim:
         )
     m = min(samples, int(variance["samples"].max()))
     rows = variance.filter(pl.col("samples") == m).sort("exit_points")
-    row = rows.row(-1, named=True)
+    traces = int(rows["traces"].max())
+    # The most exit points that at least half of the traces have: each cell averages over the first
+    # k exit points of the traces that have k.
+    row = rows.filter(pl.col("traces") * 2 >= traces).row(-1, named=True)
     sds = rows["value_sd"].to_list()
     value = float(row["value_sd"])
     verdict = "supported" if value > NOISY_VALUE_SD else "contradicted"
+    note = f"a line, not an interval: noisy means sd > {NOISY_VALUE_SD} on a value in [0, 1]"
+    if traces < MIN_TRACES:
+        verdict, note = "inconclusive", f"{traces} traces with Monte Carlo values: too few (< {MIN_TRACES})"
     return Claim(
         "mc_estimates_noisy",
         statement,
-        f"mean bootstrap sd of an exit-point value from M = {m} rollouts, over all exit points of "
-        f"{int(row['traces'])} traces (range over the first k exit points: {min(sds):.3f}-{max(sds):.3f})",
+        f"mean bootstrap sd of an exit-point value from M = {m} rollouts, over the first "
+        f"{int(row['exit_points'])} exit points of {int(row['traces'])} traces (range over k: "
+        f"{min(sds):.3f}-{max(sds):.3f})",
         value,
         None,
         None,
         verdict,
         source,
-        f"a line, not an interval: noisy means sd > {NOISY_VALUE_SD} on a value in [0, 1]",
+        note,
     )
 
 
@@ -333,13 +344,14 @@ def cost_claim(cost: pl.DataFrame, rredcot: str | None, mc: str | None, source: 
     lo, hi = RREDCOT_COST_RANGE
     statement = f"RREDCoT costs {lo}-{hi}x GRPO per step, Monte Carlo credit much more"
 
-    def ratio(label: str | None) -> float | None:
+    def row(label: str | None) -> dict[str, Any]:
         if label is None:
-            return None
+            return {}
         rows = cost.filter((pl.col("item") == label) & (pl.col("kind") == "train")).to_dicts()
-        return _finite(rows[0].get("step_ratio_to_grpo")) if rows else None
+        return rows[0] if rows else {}
 
-    r, m = ratio(rredcot), ratio(mc)
+    r, m = _finite(row(rredcot).get("step_ratio_to_grpo")), _finite(row(mc).get("step_ratio_to_grpo"))
+    mc_generated = _finite(row(mc).get("rollout_tokens_per_step"))
     if r is None:
         return Claim(
             "cost",
@@ -352,9 +364,13 @@ def cost_claim(cost: pl.DataFrame, rredcot: str | None, mc: str | None, source: 
             source,
             "RREDCoT arm not run",
         )
-    if m is None:
+    if m is None or not mc_generated:
         verdict = "supported" if r <= hi else "contradicted"
-        note = "no MC arm in this run: only RREDCoT's side is checked"
+        note = (
+            "no MC arm in this run"
+            if m is None
+            else "the MC arm generated no rollouts (no trace had an advantage)"
+        ) + ": only RREDCoT's side is checked"
     else:
         verdict = (
             "supported"

@@ -131,7 +131,7 @@ def cost_table(
         jobs = [r for p in sorted(benchmarks_dir.glob(f"train/{arm}/seed*.tsv")) for r in _tsv_rows(p)]
         steps, credit, paired = _step_times(train_dir, arm)
         step = statistics.mean(steps) if steps else None
-        if arm_of_uniform_grpo(cfg, arm) and step is not None:
+        if arm_of_uniform_grpo(cfg, arm) and step is not None and base_step is None:
             base_step = step
         per_step = cfg["rl"]["prompts_per_step"] * cfg["rl"]["num_generations"]
         rollout_tokens, completion_tokens = _rollout_tokens(train_dir, arm, per_step)
@@ -185,9 +185,14 @@ def cost_table(
 
 
 def arm_of_uniform_grpo(cfg: Mapping[str, Any], arm: str) -> bool:
-    """The reference arm of the cost ratios: uniform credit under the sequence-mean loss."""
+    """The reference arm of the cost ratios: uniform credit under the sequence-mean loss, every token
+    in the loss (stock GRPO; the first such arm of the run when there are several)."""
     spec = cfg["arms"][arm]
-    return credit_method(spec["credit"]).uniform and spec.get("loss_type", "grpo") == "grpo"
+    return (
+        credit_method(spec["credit"]).uniform
+        and spec.get("loss_type", "grpo") == "grpo"
+        and spec.get("top_entropy_quantile", 1.0) == 1.0
+    )
 
 
 def _mean(values: Any) -> float | None:
