@@ -14,8 +14,9 @@ from synthetic_setup import arm_trainer, assert_redistributed, one_credit_step, 
 from rredcot.data.records import row_reward
 from rredcot.method import credit as C
 from rredcot.method import segmentation as S
-from rredcot.method.assign import CreditAssigner, MonteCarloSettings, TraceInput
+from rredcot.method.assign import CreditAssigner, MonteCarloSettings, TraceInput, credit_record
 from rredcot.settings.config import credit_config
+from rredcot.viz.credit_record import validate_record
 
 PROBLEM = "Start at 9, times 2, add 6. Work mod 10."
 COPIED = (
@@ -85,6 +86,10 @@ def test_the_segment_where_rollouts_stop_succeeding_takes_the_blame(setup):
     # A wrong outcome at an exit whose rollouts all fail already: the answer segment is not blamed.
     assert out.answer_reward == pytest.approx(0.0, abs=1e-12)
     assert torch.allclose(out.log_values.exp()[:2], torch.full((2,), 4 / 5, dtype=torch.float64))
+    # The credit view takes it: values at every cut, no teacher-forced NLLs.
+    record = credit_record(texts, out, "mc", 0, "t", PROBLEM, "4", -1.0)
+    validate_record(record)
+    assert record["thought_nll"] is None and len(record["log_values"]) == len(cuts)
 
 
 def test_a_right_answer_after_hopeless_thinking_credits_the_answer_segment(setup):
