@@ -110,6 +110,7 @@ def run_sft(
         warmup_steps=s["warmup_steps"],
         weight_decay=s["weight_decay"],
         max_length=s["max_length"],
+        train_sampling_strategy="group_by_length" if s["group_by_length"] else "random",
         logging_steps=25,
         save_strategy="steps" if s["save_every"] else "no",
         save_steps=max(1, s["save_every"]),
