@@ -20,7 +20,7 @@ ACCELERATE = sorted((ROOT / "config" / "accelerate").glob("*.yaml"))
 
 def test_the_overlays_are_found() -> None:
     names = {p.relative_to(ROOT / "config").as_posix() for p in OVERLAYS}
-    assert {"smoke.yaml", "localisation.yaml", "paper/table1.yaml", "paper/table2.yaml"} <= names
+    assert {"smoke.yaml", "restating.yaml", "paper/table1.yaml", "paper/table2.yaml"} <= names
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.relative_to(ROOT / "config").as_posix())
@@ -29,15 +29,25 @@ def test_overlay_validates(overlay: Path) -> None:
     assert cfg["results_dir"].startswith("results")
 
 
-def test_localisation_recipe_writes_thinking_lines_without_the_starting_value() -> None:
+def _thinking_lines(*overlays: str) -> list[str]:
     from rredcot.data.synthetic import TaskConfig, generate_splits
 
-    cfg = load_config([str(ROOT / "config" / "config.yaml"), str(ROOT / "config" / "localisation.yaml")])
+    cfg = load_config([str(ROOT / "config" / "config.yaml"), *(str(ROOT / "config" / o) for o in overlays)])
     task = TaskConfig(**{**cfg["data"]["synthetic"], "n_sft": 40, "n_rl": 10, "n_test": 10})
     rows = generate_splits(task)["sft"]
-    lines = [line for r in rows for line in r["completion"].split("</think>")[0].splitlines()]
+    return [line for r in rows for line in r["completion"].split("</think>")[0].splitlines()]
+
+
+def test_the_default_writes_thinking_lines_without_the_starting_value() -> None:
+    lines = _thinking_lines()
     assert lines and all(line.split(", ", 1)[1][0] in "+-*" for line in lines)
     assert not any(line.startswith("Wait, ") for line in lines)  # mistakes are never corrected
+
+
+def test_the_restating_recipe_restates_and_corrects() -> None:
+    lines = _thinking_lines("restating.yaml")
+    assert all(line.split(", ", 1)[1][0].isdigit() for line in lines)
+    assert any(line.startswith("Wait, ") for line in lines)
 
 
 @pytest.mark.parametrize("path", ACCELERATE, ids=lambda p: p.name)

@@ -31,7 +31,11 @@ EXAMPLE_STEPS = [("+", 5), ("*", 3), ("-", 4)]
 
 @pytest.fixture(scope="module")
 def cfg() -> TaskConfig:
-    return TaskConfig(teacher_early_exit_rate=0.15)  # exercise early exits too
+    # The restating format with corrections (config/restating.yaml) and some early exits: every
+    # branch of the teacher.
+    return TaskConfig(
+        restate_value=True, teacher_error_rate=0.1, teacher_fix_rate=0.5, teacher_early_exit_rate=0.15
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +50,8 @@ def _all_rows(splits: dict[str, list[dict]]) -> list[dict]:
 def test_documented_example_formats() -> None:
     assert problem_text(7, EXAMPLE_STEPS, 10) == "Start at 7, add 5, times 3, minus 4. Work mod 10."
     assert solution_text(7, EXAMPLE_STEPS, [2, 6, 2]) == "7 + 5 = 2, 2 * 3 = 6, 6 - 4 = 2. \\boxed{2}"
-    completion, final = teacher_trace(7, EXAMPLE_STEPS, TaskConfig(teacher_error_rate=0.0), random.Random(0))
+    teacher = TaskConfig(teacher_error_rate=0.0, restate_value=True, teacher_early_exit_rate=0.0)
+    completion, final = teacher_trace(7, EXAMPLE_STEPS, teacher, random.Random(0))
     assert final == 2
     lines = completion.split("\n")
     assert lines[0] == "First, 7 + 5 = 2."

@@ -40,19 +40,24 @@ class TaskConfig:
     """Difficulty levels = number of operations; every split is spread evenly over them."""
     ops: list[str] = field(default_factory=lambda: ["+", "-", "*"])
     """Operations to draw from (a subset of ``+``, ``-``, ``*``)."""
-    teacher_error_rate: float = 0.1
-    """Probability that the teacher writes a wrong result in a step."""
-    teacher_fix_rate: float = 0.5
-    """Probability that a wrong teacher step is followed by a ``Wait,`` correction line."""
-    teacher_early_exit_rate: float = 0.0
+    teacher_error_rate: float = 0.15
+    """Probability that the teacher writes a wrong result in a step. The warmed-up model imitates
+    these mistakes when it samples, so RL has something to remove, and a wrong trace has a step to
+    blame."""
+    teacher_fix_rate: float = 0.0
+    """Probability that a wrong teacher step is followed by a ``Wait,`` correction line. 0: mistakes
+    stand, and the teacher's solution copies its thinking, so a wrong step is where the trace goes
+    wrong."""
+    teacher_early_exit_rate: float = 0.5
     """Probability that the teacher stops thinking after a random number of steps (possibly none) and
     computes the remaining steps directly in the solution. This makes every exit point a state the
     model has seen, so exit-point values (the model writing the solution from there) are meaningful."""
-    restate_value: bool = True
+    restate_value: bool = False
     """Each thinking line restates the value its step starts from (``Next, 1 * 4 = 4.``). Without it
     a line holds the step alone (``Next, * 4 = 4.``): the value after a step is then written in
     that step's line only, so a model that copies it into its final solution must read that line
-    (with it, it can read the value from the next line's start, one line late)."""
+    (with it, it can read the value from the next line's start, one line late, and the blame of a
+    wrong step lands one segment late)."""
     n_sft: int = 4000
     """Rows in the SFT warm-up split."""
     n_rl: int = 1000
@@ -396,10 +401,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--teacher-fix-rate", type=float, default=defaults.teacher_fix_rate)
     parser.add_argument("--teacher-early-exit-rate", type=float, default=defaults.teacher_early_exit_rate)
     parser.add_argument(
-        "--no-restate-value",
-        dest="restate_value",
-        action="store_false",
-        help="thinking lines hold the step alone",
+        "--restate-value",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.restate_value,
+        help="thinking lines restate the value their step starts from (--no-restate-value: the step alone)",
     )
     parser.add_argument("--n-sft", type=int, default=defaults.n_sft)
     parser.add_argument("--n-rl", type=int, default=defaults.n_rl)

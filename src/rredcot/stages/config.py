@@ -117,10 +117,10 @@ def render_readme() -> str:
         "Written by `rredcot config --write` from the settings tree (`src/rredcot/settings/config.py` and",
         "the method's own config classes: `CreditSettings`, `SegmentationConfig`, `ScoringBudget`,",
         "`TaskConfig`, `CleanSettings`); do not edit by hand. `config/config.yaml` is the embedded default",
-        "with every key; other files (`smoke.yaml`, `localisation.yaml`, `paper/*.yaml`) override it key",
-        "by key (`snakemake --configfile FILE`), and `--config key=value` overrides single keys. A bad key",
-        "or value fails before any job runs, naming it. `rredcot config --show FILE` prints a resolved",
-        "config.",
+        "with every key; other files (`smoke.yaml`, `baselines.yaml`, `restating.yaml`, `paper/*.yaml`)",
+        "override it key by key (`snakemake --configfile FILE`), and `--config key=value` overrides single",
+        "keys. A bad key or value fails before any job runs, naming it. `rredcot config --show FILE`",
+        "prints a resolved config.",
         "",
     ]
 
