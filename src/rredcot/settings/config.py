@@ -403,7 +403,7 @@ class Studies:
     """The paper's analyses (Figures 3-7) on traces of the start model: Monte Carlo values at the exit
     points, their truncation and variance, attribution methods and a process reward model."""
 
-    n_traces: int = field(default=48, metadata=at_least(2))
+    n_traces: int = field(default=96, metadata=at_least(2))
     """Traces analysed (stratified by level or benchmark)."""
     seed: int = field(default=0, metadata=at_least(0))
     """Seed of trace sampling, rollouts and bootstraps."""
