@@ -181,6 +181,9 @@ def test_a_run_without_the_mc_arm_says_so(inputs):
     assert rows["cost"].verdict == "supported" and "no MC arm" in rows["cost"].note
     md = K.markdown(list(rows.values()), "x")
     assert md.count("\n| ") == len(rows) + 1 and "**supported**" in md
+    # Every row has the header's six cells: the PRM row's |Spearman| bars are escaped.
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    assert {line.replace("\\|", "").count("|") for line in table} == {7}
 
 
 def test_too_little_to_judge_is_inconclusive(inputs):

@@ -516,10 +516,15 @@ def markdown(claims: Sequence[Claim], experiment: str) -> str:
         "| claim | verdict | value | 95% interval | measured | source |",
         "|---|---|---|---|---|---|",
     ]
+
+    def cell(text: str) -> str:  # a literal '|' (absolute values) would end the table cell
+        return text.replace("|", "\\|")
+
     for c in claims:
         interval = "-" if c.low is None or c.high is None else f"[{_fmt(c.low)}, {_fmt(c.high)}]"
         lines.append(
-            f"| {c.statement} | **{c.verdict}** | {_fmt(c.value)} | {interval} | {c.measure} | `{c.source}` |"
+            f"| {cell(c.statement)} | **{c.verdict}** | {_fmt(c.value)} | {interval} | {cell(c.measure)} "
+            f"| `{c.source}` |"
         )
     notes = [f"- `{c.claim}`: {c.note}" for c in claims if c.note]
     if notes:
