@@ -102,7 +102,13 @@ def test_workflow_on_slurm(cluster: dict[str, str], tmp_path: Path) -> None:
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("RREDCOT_INVOCATION", None)
     overlay = tmp_path / "two-processes.yaml"
-    overlay.write_text(yaml.safe_dump({"results_dir": str(results), "distributed": {"cpu_processes": 2}}))
+    # Two SFT/train processes of one thread each: the job's CPUs (processes x threads) fit the node.
+    two = {
+        "results_dir": str(results),
+        "distributed": {"cpu_processes": 2},
+        "threads": {"sft": 1, "train": 1},
+    }
+    overlay.write_text(yaml.safe_dump(two))
     cmd = [
         *("timeout", "-s", "KILL", str(WORKFLOW_TIMEOUT)),  # the plugin can hang if sacct breaks
         *(sys.executable, "-m", "snakemake"),
