@@ -134,8 +134,34 @@ def test_trainer_samples_rollouts_from_every_exit_point_and_logs_their_cost(setu
     tokens = trainer._metrics["train"]["credit/rollout_tokens"][-1]
     traces = trainer._metrics["train"]["credit/traces"][-1]
     segments = trainer._metrics["train"]["credit/segments"][-1]
-    assert traces > 0 and rollouts >= 3 * traces  # M = 3 rollouts at every exit point
+    assert traces > 0 and rollouts % 3 == 0  # M = 3 rollouts at every distinct exit point
     assert 0 < tokens <= 24 * rollouts
-    assert len(scored) == traces + rollouts  # each trace's own outcome, then every rollout
+    # Each trace's own outcome, then M rollouts scored at every exit point of every trace; the
+    # traces of a group share their prompt (exit 0), whose rollouts are generated once.
+    judged = len(scored) - traces
+    assert judged % 3 == 0 and judged >= 3 * 2 * traces and rollouts <= judged
     assert segments >= 1
     assert_redistributed(batch)
+
+
+def test_traces_sharing_a_prefix_share_its_rollouts(setup):
+    """A group's traces share their prompt: its rollouts are generated once and scored for each."""
+    scored = []
+
+    def reward(row, text):
+        scored.append(text)
+        return row_reward(row, text)
+
+    trainer, dataset = arm_trainer(setup, "mc", rollout_reward=reward)
+    trainer.model.eval()
+    tok = trainer.processing_class
+    prompt = tok(dataset[0]["prompt"], add_special_tokens=False)["input_ids"]
+    first = tok("First,", add_special_tokens=False)["input_ids"]
+    other = tok("Now,", add_special_tokens=False)["input_ids"]
+    items = [TraceInput(prompt, first + [tok.eos_token_id], -1.0, []), TraceInput(prompt, other, 1.0, [])]
+    cuts = [[0, len(first)], [0, len(other)]]
+    sums = trainer._mc_rollouts([dataset[0], dataset[0]])(trainer.model, items, cuts)
+    assert trainer._rollout_counts[0] == 3 * 3  # three distinct prefixes, M = 3 each
+    assert len(scored) == 3 * 4  # every exit point of every trace is scored on M rollouts
+    assert sums[0][0] == sums[1][0]  # the shared prompt's rollouts, scored alike
+    assert all(0 <= v <= 3 for trace in sums for v in trace)

@@ -278,11 +278,22 @@ class RREDCoTTrainer(GRPOTrainer):
             policy: torch.nn.Module, items: list[TraceInput], cuts: list[list[int]]
         ) -> list[list[float]]:
             step, rank = int(self.state.global_step), self.accelerator.process_index
+            # Identical prefixes share their M rollouts: every trace of a group has the same prompt
+            # (exit 0), and sampled traces often share their first lines. Each trace still gets M
+            # rollouts from each of its exit points, drawn from the same distribution; only the
+            # generation is not repeated.
+            first: dict[tuple[int, ...], int] = {}  # prefix -> index among the distinct prefixes
+            where: list[list[int]] = []
             prefixes, seeds = [], []
             for j, (item, trace_cuts) in enumerate(zip(items, cuts, strict=True)):
+                where.append([])
                 for k, c in enumerate(trace_cuts):
-                    prefixes += [item.prompt_ids + item.completion_ids[:c]] * cfg.samples
-                    seeds += [sample_seed(self.args.seed, step, rank, j, k, m) for m in range(cfg.samples)]
+                    prefix = tuple(item.prompt_ids + item.completion_ids[:c])
+                    if prefix not in first:
+                        first[prefix] = len(first)
+                        prefixes += [list(prefix)] * cfg.samples
+                        seeds += [sample_seed(self.args.seed, step, rank, j, k, m) for m in range(cfg.samples)]
+                    where[j].append(first[prefix])
             sampler = HFGenerator(policy, self.processing_class, batch_size=cfg.batch_size)
             outs = sampler.sample(
                 prefixes,
@@ -292,13 +303,12 @@ class RREDCoTTrainer(GRPOTrainer):
                 max_new_tokens=cfg.max_new_tokens or self.max_completion_length,
             )
             self._rollout_counts = [len(outs), sum(len(o.token_ids) for o in outs)]
-            sums, at = [], 0
-            for row, item, trace_cuts in zip(rows, items, cuts, strict=True):
+            sums = []
+            for row, item, trace_cuts, slots in zip(rows, items, cuts, where, strict=True):
                 trace_sums = []
-                for c in trace_cuts:
+                for c, slot in zip(trace_cuts, slots, strict=True):
                     head = self.processing_class.decode(item.completion_ids[:c], skip_special_tokens=True)
-                    batch = outs[at : at + cfg.samples]
-                    at += cfg.samples
+                    batch = outs[slot * cfg.samples : (slot + 1) * cfg.samples]
                     trace_sums.append(sum(self._reward(row, head + o.text) for o in batch))
                 sums.append(trace_sums)
             return sums

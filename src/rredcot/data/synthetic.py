@@ -48,10 +48,12 @@ class TaskConfig:
     """Probability that a wrong teacher step is followed by a ``Wait,`` correction line. 0: mistakes
     stand, and the teacher's solution copies its thinking, so a wrong step is where the trace goes
     wrong."""
-    teacher_early_exit_rate: float = 0.5
+    teacher_early_exit_rate: float = 0.2
     """Probability that the teacher stops thinking after a random number of steps (possibly none) and
     computes the remaining steps directly in the solution. This makes every exit point a state the
-    model has seen, so exit-point values (the model writing the solution from there) are meaningful."""
+    model has seen, so exit-point values (the model writing the solution from there) are meaningful.
+    Kept low: a mistake in a step computed in the solution is blamed on the whole answer segment, so
+    the more steps the solution computes, the less any segment-level credit can localise."""
     restate_value: bool = False
     """Each thinking line restates the value its step starts from (``Next, 1 * 4 = 4.``). Without it
     a line holds the step alone (``Next, * 4 = 4.``): the value after a step is then written in

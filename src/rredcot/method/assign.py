@@ -41,13 +41,16 @@ class MonteCarloSettings:
     """Policy rollouts of the Monte Carlo credit method (``mc``), from every exit point."""
 
     samples: int = 4
-    """Rollouts per exit point (M); each costs one generation of up to ``max_new_tokens`` tokens."""
+    """Rollouts per exit point (M); each costs one generation of up to ``max_new_tokens`` tokens.
+    Exit points with the same prefix (a group's shared prompt, shared first lines) share theirs."""
     max_new_tokens: int | None = None
     """Token budget of a rollout (null: the training run's completion length, so that a rollout can
     always finish what a completion could)."""
-    batch_size: int = 256
+    batch_size: int = 64
     """Rollouts generated together in one batch (their KV cache is batch_size x (prompt + trace +
-    max_new_tokens) tokens)."""
+    max_new_tokens) tokens). Batches hold prefixes of similar length; on a CPU small batches waste
+    less on rows that finished early (1,536 rollouts of the default model, one thread: 6.7 s in
+    batches of 64, 8.7 s of 256, 40.7 s in one), on a GPU larger ones fill the device."""
 
     def __post_init__(self) -> None:
         if self.samples < 1 or self.batch_size < 1:
