@@ -292,7 +292,9 @@ class RREDCoTTrainer(GRPOTrainer):
                     if prefix not in first:
                         first[prefix] = len(first)
                         prefixes += [list(prefix)] * cfg.samples
-                        seeds += [sample_seed(self.args.seed, step, rank, j, k, m) for m in range(cfg.samples)]
+                        seeds += [
+                            sample_seed(self.args.seed, step, rank, j, k, m) for m in range(cfg.samples)
+                        ]
                     where[j].append(first[prefix])
             sampler = HFGenerator(policy, self.processing_class, batch_size=cfg.batch_size)
             outs = sampler.sample(
