@@ -145,11 +145,12 @@ def test_trainer_samples_rollouts_from_every_exit_point_and_logs_their_cost(setu
 
 
 def test_traces_sharing_a_prefix_share_its_rollouts(setup):
-    """A group's traces share their prompt: its rollouts are generated once and scored for each."""
+    """A group's traces share their prompt: its rollouts are generated once and graded once per row;
+    the same prefix under another label (a duplicated problem) is graded against that label."""
     scored = []
 
     def reward(row, text):
-        scored.append(text)
+        scored.append((row["answer"], text))
         return row_reward(row, text)
 
     trainer, dataset = arm_trainer(setup, "mc", rollout_reward=reward)
@@ -162,6 +163,16 @@ def test_traces_sharing_a_prefix_share_its_rollouts(setup):
     cuts = [[0, len(first)], [0, len(other)]]
     sums = trainer._mc_rollouts([dataset[0], dataset[0]])(trainer.model, items, cuts)
     assert trainer._rollout_counts[0] == 3 * 3  # three distinct prefixes, M = 3 each
-    assert len(scored) == 3 * 4  # every exit point of every trace is scored on M rollouts
+    assert len(scored) == 3 * 3  # each distinct prefix's M rollouts are graded once
     assert sums[0][0] == sums[1][0]  # the shared prompt's rollouts, scored alike
     assert all(0 <= v <= 3 for trace in sums for v in trace)
+
+    # The same problem under another label: same prefixes, so the same rollouts, graded twice.
+    relabelled = {**dataset[0], "answer": str((int(dataset[0]["answer"]) + 1) % 10)}
+    scored.clear()
+    sums = trainer._mc_rollouts([dataset[0], relabelled])(trainer.model, [items[0], items[0]], [cuts[0]] * 2)
+    assert trainer._rollout_counts[0] == 2 * 3  # two distinct prefixes, generated once
+    assert len(scored) == 2 * 2 * 3  # ... and graded against each label
+    assert {a for a, _ in scored} == {dataset[0]["answer"], relabelled["answer"]}
+    texts = [t for a, t in scored if a == dataset[0]["answer"]]
+    assert texts == [t for a, t in scored if a == relabelled["answer"]]

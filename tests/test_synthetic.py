@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 
 from rredcot.data.grading import extract_boxed
+from rredcot.data.records import sft_records
 from rredcot.data.synthetic import (
     MIDDLE_KEYWORDS,
     NOISE_KINDS,
@@ -132,7 +133,7 @@ def test_solve_agrees_with_truth_everywhere(splits: dict) -> None:
 
 
 def test_teacher_completions(cfg: TaskConfig, splits: dict) -> None:
-    rows = _all_rows(splits)
+    rows = [row for row in _all_rows(splits) if "given" not in row]
     early = 0
     for row in rows:
         steps_part, solution_line = row["completion"].split("</think>\n")
@@ -192,3 +193,42 @@ def test_thinking_lines_without_the_starting_value() -> None:
                 kept.append(value)
         written = [int(v) for v in re.findall(r"= (\d)", solution)]
         assert written[: len(kept)] == kept and written[-1] == final
+
+
+def test_sft_rows_that_start_at_an_exit_point(cfg: TaskConfig, splits: dict) -> None:
+    """The last sft_exit_rows of the SFT split give the thinking up to an exit point in ``given`` and
+    keep only the final solution as the completion; every exit point of every level occurs."""
+    sft = splits["sft"]
+    exits = [row for row in sft if "given" in row]
+    assert len(exits) == round(cfg.sft_exit_rows * cfg.n_sft) == 1000
+    assert all("given" not in row for row in sft[: cfg.n_sft - len(exits)])
+    assert all("given" not in row for split in ("rl", "test") for row in splits[split])
+    seen = Counter()
+    for row in exits:
+        assert row["given"].endswith("</think>\n") and "</think>" not in row["completion"]
+        thinking = [line for line in row["given"].splitlines()[:-1] if not line.startswith("Wait, ")]
+        seen[row["level"], len(thinking)] += 1
+        solution = row["completion"]
+        assert solution.count("=") == row["level"]  # the solution computes what the thinking did not
+        written = [int(v) for v in re.findall(r"= (\d)", solution)]
+        kept = []
+        for line in row["given"].splitlines()[:-1]:
+            value = int(re.search(r"= (\d)\.$", line).group(1))
+            kept = [*kept[:-1], value] if line.startswith("Wait, ") else [*kept, value]
+        assert written[: len(kept)] == kept  # ... and copies what it did
+        assert (extract_boxed(solution) == row["true_answer"]) == row["completion_correct"]
+    assert set(seen) == {(level, j) for level in cfg.levels for j in range(level + 1)}
+    # The exit rows use a stream of their own: without them the other SFT rows stay the same.
+    fewer = generate_splits(dataclasses.replace(cfg, sft_exit_rows=0.0))
+    assert all("given" not in row for row in fewer["sft"])
+    assert fewer["sft"][:100] == sft[:100] and fewer["test"] == splits["test"]
+
+
+def test_sft_records_put_the_given_thinking_in_the_prompt(splits: dict) -> None:
+    exit_row = next(row for row in splits["sft"] if "given" in row and row["given"] != "</think>\n")
+    plain = splits["sft"][0]
+    records = sft_records([plain, exit_row], "Problem: {problem}\n<think>\n", "<eos>")
+    assert records[0]["prompt"] == f"Problem: {plain['problem']}\n<think>\n"
+    assert records[0]["completion"] == plain["completion"] + "<eos>"
+    assert records[1]["prompt"] == f"Problem: {exit_row['problem']}\n<think>\n" + exit_row["given"]
+    assert records[1]["completion"] == exit_row["completion"] + "<eos>"

@@ -305,13 +305,19 @@ class RREDCoTTrainer(GRPOTrainer):
                 max_new_tokens=cfg.max_new_tokens or self.max_completion_length,
             )
             self._rollout_counts = [len(outs), sum(len(o.token_ids) for o in outs)]
+            # A shared prefix's rollouts are graded once per distinct row (a duplicated problem may
+            # carry another label), not once per trace that holds the prefix.
+            graded: dict[tuple[int, str], float] = {}
             sums = []
             for row, item, trace_cuts, slots in zip(rows, items, cuts, where, strict=True):
+                row_key = repr(sorted(row.items(), key=lambda kv: str(kv[0])))
                 trace_sums = []
                 for c, slot in zip(trace_cuts, slots, strict=True):
-                    head = self.processing_class.decode(item.completion_ids[:c], skip_special_tokens=True)
-                    batch = outs[slot * cfg.samples : (slot + 1) * cfg.samples]
-                    trace_sums.append(sum(self._reward(row, head + o.text) for o in batch))
+                    if (slot, row_key) not in graded:
+                        head = self.processing_class.decode(item.completion_ids[:c], skip_special_tokens=True)
+                        batch = outs[slot * cfg.samples : (slot + 1) * cfg.samples]
+                        graded[slot, row_key] = sum(self._reward(row, head + o.text) for o in batch)
+                    trace_sums.append(graded[slot, row_key])
                 sums.append(trace_sums)
             return sums
 

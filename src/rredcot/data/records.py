@@ -93,9 +93,13 @@ def rl_records(
 
 
 def sft_records(rows: Sequence[Mapping[str, Any]], template: str, eos: str) -> list[dict[str, str]]:
-    """Prompt/completion pairs for SFT warm-up (loss on the completion only)."""
+    """Prompt/completion pairs for SFT warm-up (loss on the completion only). A row's optional
+    ``given`` text (the start of a trace up to an exit point) goes into the prompt, untrained."""
     return [
-        {"prompt": format_prompt(template, row["problem"]), "completion": row["completion"] + eos}
+        {
+            "prompt": format_prompt(template, row["problem"]) + (row.get("given") or ""),
+            "completion": row["completion"] + eos,
+        }
         for row in rows
         if row.get("completion")
     ]

@@ -50,10 +50,19 @@ class TaskConfig:
     wrong."""
     teacher_early_exit_rate: float = 0.2
     """Probability that the teacher stops thinking after a random number of steps (possibly none) and
-    computes the remaining steps directly in the solution. This makes every exit point a state the
-    model has seen, so exit-point values (the model writing the solution from there) are meaningful.
-    Kept low: a mistake in a step computed in the solution is blamed on the whole answer segment, so
-    the more steps the solution computes, the less any segment-level credit can localise."""
+    computes the remaining steps directly in the solution, so that the model itself sometimes exits
+    early when it samples (writing the solution from every exit point is what ``sft_exit_rows``
+    teaches). Kept low: a mistake in a step computed in the solution is blamed on the whole answer
+    segment, so the more steps the solution computes, the less any segment-level credit can
+    localise."""
+    sft_exit_rows: float = 0.25
+    """Fraction of the SFT split's rows that start at an exit point: the prompt holds the first j
+    thinking lines of a teacher trace (j uniform over 0..level) and the exit string, the completion
+    is the final solution alone (the remaining steps computed in it, same error rate). SFT trains on
+    the completion only, so these rows teach the model to write the solution from any exit point,
+    which is what an exit point's value asks of it, without teaching it to stop thinking early when
+    it samples (that is ``teacher_early_exit_rate``'s part). The row's ``given`` field holds the
+    thinking and exit string that go into the prompt."""
     restate_value: bool = False
     """Each thinking line restates the value its step starts from (``Next, 1 * 4 = 4.``). Without it
     a line holds the step alone (``Next, * 4 = 4.``): the value after a step is then written in
@@ -84,6 +93,8 @@ class TaskConfig:
             raise ValueError(f"noise_kinds must give positive total weight to kinds among {NOISE_KINDS}")
         if not 0.0 <= self.label_noise <= 1.0:
             raise ValueError("label_noise must be in [0, 1]")
+        if not 0.0 <= self.sft_exit_rows <= 1.0:
+            raise ValueError("sft_exit_rows must be in [0, 1]")
 
 
 def apply_op(value: int, op: str, operand: int, modulus: int) -> int:
@@ -214,16 +225,21 @@ def _wrong_residue(rng: random.Random, correct: int, modulus: int) -> int:
     return wrong + 1 if wrong >= correct else wrong
 
 
-def teacher_trace(start: int, steps: Sequence[Step], cfg: TaskConfig, rng: random.Random) -> tuple[str, int]:
+def teacher_trace(
+    start: int, steps: Sequence[Step], cfg: TaskConfig, rng: random.Random, think_steps: int | None = None
+) -> tuple[str, int]:
     """Write a teacher completion with occasional (sometimes corrected) mistakes.
 
     Returns the completion and the final value it boxes. The solution line after ``</think>`` is
     built from the equations the trace kept, so an uncorrected mistake propagates to the answer.
+    ``think_steps`` fixes how many steps the thinking computes before the exit; None: all of them,
+    or with probability ``teacher_early_exit_rate`` a random number of them.
     """
     lines, kept, value = [], [], start
-    think_steps = len(steps)
-    if rng.random() < cfg.teacher_early_exit_rate:
-        think_steps = rng.randrange(len(steps))
+    if think_steps is None:
+        think_steps = len(steps)
+        if rng.random() < cfg.teacher_early_exit_rate:
+            think_steps = rng.randrange(len(steps))
     for i, (op, operand) in enumerate(steps):
         if i >= think_steps:
             # Computed directly in the solution line: same error rate, no chance to correct it.
@@ -325,11 +341,20 @@ def _make_split(split: str, n: int, cfg: TaskConfig, seen: set[str]) -> list[dic
     # changes, and the problems do not change when only the teacher's error rates change.
     problem_rng = random.Random(f"{cfg.seed}-{split}-problems")
     teacher_rng = random.Random(f"{cfg.seed}-{split}-teacher")
+    exit_rng = random.Random(f"{cfg.seed}-{split}-exits")
+    # The SFT split's last rows start at an exit point (TaskConfig.sft_exit_rows).
+    first_exit_row = n - round(cfg.sft_exit_rows * n) if split == "sft" else n
     rows = []
     for i, (start, steps, text) in enumerate(_sample_problems(n, cfg, problem_rng, seen)):
         answer = str(run_chain(start, steps, cfg.modulus)[-1])
         solution = solution_text(start, steps, run_chain(start, steps, cfg.modulus))
-        completion, final = teacher_trace(start, steps, cfg, teacher_rng)
+        given = ""
+        if i < first_exit_row:
+            completion, final = teacher_trace(start, steps, cfg, teacher_rng)
+        else:
+            trace, final = teacher_trace(start, steps, cfg, exit_rng, exit_rng.randrange(len(steps) + 1))
+            cut = trace.index(THINK_END) + len(THINK_END)
+            given, completion = trace[:cut], trace[cut:]
         rows.append(
             {
                 "id": f"syn-{split}-{i:06d}",
@@ -340,6 +365,7 @@ def _make_split(split: str, n: int, cfg: TaskConfig, seen: set[str]) -> list[dic
                 "level": len(steps),
                 "split": split,
                 "completion": completion,
+                **({"given": given} if given else {}),
                 "completion_correct": str(final) == answer,
                 "start": start,
                 "steps": [[op, operand] for op, operand in steps],
@@ -384,7 +410,9 @@ def summarize(splits: dict[str, list[dict[str, Any]]]) -> str:
         levels = Counter(row["level"] for row in rows)
         per_level = ", ".join(f"L{level}: {count}" for level, count in sorted(levels.items()))
         correct = sum(row["completion_correct"] for row in rows) / max(len(rows), 1)
-        lines.append(f"{split}: {len(rows)} rows ({per_level}); teacher traces correct: {correct:.1%}")
+        exits = sum("given" in row for row in rows)
+        line = f"{split}: {len(rows)} rows ({per_level}); teacher traces correct: {correct:.1%}"
+        lines.append(line + (f"; {exits} start at an exit point" if exits else ""))
     noise = Counter(row["noise"] for rows in splits.values() for row in rows if row["noise"])
     lines.append("label noise: " + (", ".join(f"{k}={v}" for k, v in sorted(noise.items())) or "none"))
     return "\n".join(lines)
@@ -402,6 +430,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--teacher-error-rate", type=float, default=defaults.teacher_error_rate)
     parser.add_argument("--teacher-fix-rate", type=float, default=defaults.teacher_fix_rate)
     parser.add_argument("--teacher-early-exit-rate", type=float, default=defaults.teacher_early_exit_rate)
+    parser.add_argument("--sft-exit-rows", type=float, default=defaults.sft_exit_rows)
     parser.add_argument(
         "--restate-value",
         action=argparse.BooleanOptionalAction,
@@ -420,6 +449,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         teacher_error_rate=args.teacher_error_rate,
         teacher_fix_rate=args.teacher_fix_rate,
         teacher_early_exit_rate=args.teacher_early_exit_rate,
+        sft_exit_rows=args.sft_exit_rows,
         restate_value=args.restate_value,
         n_sft=args.n_sft,
         n_rl=args.n_rl,

@@ -65,9 +65,8 @@ def build_start(cfg: Mapping[str, Any], rows: list[dict], resume_from: Path | No
         tok = load_tokenizer(resume_from)
     else:
         template = cfg["prompt"]["template"]
-        tok = train_tokenizer(
-            [format_prompt(template, r["problem"]) + r["completion"] for r in rows], spec["vocab_size"]
-        )
+        texts = [format_prompt(template, r["problem"]) + r.get("given", "") + r["completion"] for r in rows]
+        tok = train_tokenizer(texts, spec["vocab_size"])
     return tok, build_scratch_model(tok, spec, cfg["sft"]["seed"])
 
 
@@ -109,6 +108,8 @@ def run_sft(
         lr_scheduler_type="cosine",
         warmup_steps=s["warmup_steps"],
         weight_decay=s["weight_decay"],
+        adam_beta2=s["adam_beta2"],
+        gradient_checkpointing=s["gradient_checkpointing"],
         max_length=s["max_length"],
         train_sampling_strategy="group_by_length" if s["group_by_length"] else "random",
         logging_steps=25,
