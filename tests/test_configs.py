@@ -35,7 +35,10 @@ def _thinking_lines(*overlays: str) -> list[str]:
     cfg = load_config([str(ROOT / "config" / "config.yaml"), *(str(ROOT / "config" / o) for o in overlays)])
     task = TaskConfig(**{**cfg["data"]["synthetic"], "n_sft": 40, "n_rl": 10, "n_test": 10})
     rows = generate_splits(task)["sft"]
-    return [line for r in rows for line in r["completion"].split("</think>")[0].splitlines()]
+    # Rows that start at an exit point hold their thinking in "given" and only the solution as
+    # completion.
+    traces = [r.get("given", "") + r["completion"] for r in rows]
+    return [line for trace in traces for line in trace.split("</think>")[0].splitlines()]
 
 
 def test_the_default_writes_thinking_lines_without_the_starting_value() -> None:
