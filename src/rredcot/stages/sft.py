@@ -27,7 +27,7 @@ from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
 from rredcot.adapter.distributed import process_state, save_model_whole
-from rredcot.data.records import format_prompt, sft_records
+from rredcot.data.records import sft_records
 from rredcot.infra.io import read_jsonl
 from rredcot.infra.logs import setup_logging
 from rredcot.infra.resume import (
@@ -64,9 +64,9 @@ def build_start(cfg: Mapping[str, Any], rows: list[dict], resume_from: Path | No
     if resume_from is not None:
         tok = load_tokenizer(resume_from)
     else:
-        template = cfg["prompt"]["template"]
-        texts = [format_prompt(template, r["problem"]) + r.get("given", "") + r["completion"] for r in rows]
-        tok = train_tokenizer(texts, spec["vocab_size"])
+        # The tokenizer learns from exactly the texts SFT trains on (prompt, given thinking, completion).
+        records = sft_records(rows, cfg["prompt"]["template"], eos="")
+        tok = train_tokenizer([r["prompt"] + r["completion"] for r in records], spec["vocab_size"])
     return tok, build_scratch_model(tok, spec, cfg["sft"]["seed"])
 
 
