@@ -119,3 +119,14 @@ def test_arm_credit_choices_are_the_registered_methods() -> None:
 
     arm = schema()["properties"]["arms"]["additionalProperties"]["properties"]
     assert arm["credit"]["enum"] == list(CREDIT_METHODS)
+
+
+def test_a_yaml_float_read_as_text_gets_a_hint(tmp_path) -> None:
+    from rredcot.settings.config import ConfigError
+
+    overlay = tmp_path / "lr.yaml"
+    overlay.write_text("rl:\n  learning_rate: 3e-4\n")  # YAML 1.1: a string, not a float
+    with pytest.raises(ConfigError, match=r"rl.learning_rate: expected a number, got '3e-4' \(YAML reads"):
+        load_config([str(ROOT / "config" / "config.yaml"), str(overlay)])
+    overlay.write_text("rl:\n  learning_rate: 3.0e-4\n")
+    assert load_config([str(ROOT / "config" / "config.yaml"), str(overlay)])["rl"]["learning_rate"] == 3e-4

@@ -485,3 +485,15 @@ def test_find_text_first_last_and_from_a_start_token():
     assert find_text(texts, "\\boxed{", start=6) is None
     with pytest.raises(ValueError):
         find_text(texts, "")
+
+
+def test_token_at_maps_a_character_to_its_token():
+    from rredcot.method.segmentation import token_at
+
+    texts = ["First", ",", " +", " 8", " =", " 4", ".\n"]
+    joined = "".join(texts)
+    assert [token_at(texts, i) for i in range(len(joined))] == [j for j, t in enumerate(texts) for _ in t]
+    assert token_at(texts, len(joined) + 3) == len(texts) - 1  # past the end: the last token
+    assert token_at([], 0) is None
+    with pytest.raises(ValueError, match="negative"):
+        token_at(texts, -1)

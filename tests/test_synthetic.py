@@ -232,3 +232,32 @@ def test_sft_records_put_the_given_thinking_in_the_prompt(splits: dict) -> None:
     assert records[0]["completion"] == plain["completion"] + "<eos>"
     assert records[1]["prompt"] == f"Problem: {exit_row['problem']}\n<think>\n" + exit_row["given"]
     assert records[1]["completion"] == exit_row["completion"] + "<eos>"
+
+
+def test_teacher_misconceptions_are_systematic() -> None:
+    from rredcot.data.synthetic import apply_op, misconceptions, teacher_step
+
+    cfg = TaskConfig(teacher_misconceptions=0.2, misconception_rate=0.7, teacher_error_rate=0.0)
+    wrong = misconceptions(cfg)
+    n_facts = 10 * 3 * 9  # value x op x operand (1..9)
+    assert len(wrong) == round(0.2 * n_facts)
+    assert wrong == misconceptions(cfg)  # fixed by the seed
+    assert wrong != misconceptions(dataclasses.replace(cfg, seed=1))
+    for (value, op, operand), result in wrong.items():
+        assert result != apply_op(value, op, operand, 10) and 0 <= result < 10
+    rng = random.Random(0)
+    (fact, believed), right = (
+        next(iter(wrong.items())),
+        next(f for f in ((0, "+", x) for x in range(1, 10)) if f not in wrong),
+    )
+    written = Counter(teacher_step(*fact, cfg, rng, wrong) for _ in range(2000))
+    assert set(written) == {believed, apply_op(*fact, 10)}  # its one wrong belief, or the truth
+    assert 0.65 < written[believed] / 2000 < 0.75
+    assert {teacher_step(*right, cfg, rng, wrong) for _ in range(200)} == {apply_op(*right, 10)}
+    # No misconceptions: the teacher draws exactly what it drew before the option existed.
+    base = TaskConfig(n_sft=60, n_rl=20, n_test=20)
+    assert generate_splits(base) == generate_splits(dataclasses.replace(base, misconception_rate=0.9))
+    rows = generate_splits(dataclasses.replace(base, teacher_misconceptions=0.3, teacher_error_rate=0.0))
+    assert any(not row["completion_correct"] for row in rows["sft"])
+    with pytest.raises(ValueError, match="teacher_misconceptions"):
+        TaskConfig(teacher_misconceptions=1.5)

@@ -40,6 +40,7 @@ from rredcot.method.assign import (
     TraceInput,
     credit_record,
 )
+from rredcot.method.segmentation import token_at
 
 __all__ = ["CreditConfig", "RREDCoTTrainer", "TraceCredit", "credit_record"]
 
@@ -327,14 +328,7 @@ class RREDCoTTrainer(GRPOTrainer):
         """The token holding the character where the task says a completion first goes wrong."""
         texts = self.assigner.token_texts(completion)
         char = self.culprit(row, "".join(texts))
-        if char is None:
-            return None
-        end = 0
-        for j, text in enumerate(texts):
-            end += len(text)
-            if end > char:
-                return j
-        return len(texts) - 1 if texts else None
+        return None if char is None else token_at(texts, char)
 
     def _keep_views(
         self,

@@ -44,6 +44,14 @@ class TaskConfig:
     """Probability that the teacher writes a wrong result in a step. The warmed-up model imitates
     these mistakes when it samples, so RL has something to remove, and a wrong trace has a step to
     blame."""
+    teacher_misconceptions: float = 0.0
+    """Fraction of the task's facts (``value op operand``) that the teacher holds a fixed wrong
+    result for (drawn once from ``seed``). Unlike the random slips of ``teacher_error_rate``, these
+    mistakes are systematic: the warmed-up model believes them too, and RL has to unlearn each one
+    on its own (``config/misconceptions.yaml``; docs/METHOD-NOTES.md, "The synthetic task")."""
+    misconception_rate: float = 0.5
+    """Probability that the teacher writes its wrong result when a step is one of its misconceived
+    facts (else the step is written like any other)."""
     teacher_fix_rate: float = 0.0
     """Probability that a wrong teacher step is followed by a ``Wait,`` correction line. 0: mistakes
     stand, and the teacher's solution copies its thinking, so a wrong step is where the trace goes
@@ -95,6 +103,9 @@ class TaskConfig:
             raise ValueError("label_noise must be in [0, 1]")
         if not 0.0 <= self.sft_exit_rows <= 1.0:
             raise ValueError("sft_exit_rows must be in [0, 1]")
+        for name in ("teacher_misconceptions", "misconception_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1]")
 
 
 def apply_op(value: int, op: str, operand: int, modulus: int) -> int:
@@ -225,6 +236,34 @@ def _wrong_residue(rng: random.Random, correct: int, modulus: int) -> int:
     return wrong + 1 if wrong >= correct else wrong
 
 
+def misconceptions(cfg: TaskConfig) -> dict[tuple[int, str, int], int]:
+    """The teacher's misconceived facts: ``(value, op, operand) -> wrong result``, a fixed
+    ``teacher_misconceptions`` share of all facts, drawn from their own random stream of ``seed``."""
+    facts = [
+        (v, op, x) for v in range(cfg.modulus) for op in sorted(set(cfg.ops)) for x in range(1, cfg.modulus)
+    ]
+    rng = random.Random(f"{cfg.seed}-misconceptions")
+    chosen = sorted(rng.sample(facts, round(cfg.teacher_misconceptions * len(facts))))
+    return {fact: _wrong_residue(rng, apply_op(*fact, cfg.modulus), cfg.modulus) for fact in chosen}
+
+
+def teacher_step(
+    value: int,
+    op: str,
+    operand: int,
+    cfg: TaskConfig,
+    rng: random.Random,
+    wrong: Mapping[tuple[int, str, int], int],
+) -> int:
+    """The result the teacher writes for one step: its misconception of the fact (``wrong``, at
+    ``misconception_rate``), else a random slip (``teacher_error_rate``), else the right result."""
+    correct = apply_op(value, op, operand, cfg.modulus)
+    believed = wrong.get((value, op, operand))
+    if believed is not None and rng.random() < cfg.misconception_rate:
+        return believed
+    return _wrong_residue(rng, correct, cfg.modulus) if rng.random() < cfg.teacher_error_rate else correct
+
+
 def teacher_trace(
     start: int, steps: Sequence[Step], cfg: TaskConfig, rng: random.Random, think_steps: int | None = None
 ) -> tuple[str, int]:
@@ -236,6 +275,7 @@ def teacher_trace(
     or with probability ``teacher_early_exit_rate`` a random number of them.
     """
     lines, kept, value = [], [], start
+    wrong = misconceptions(cfg) if cfg.teacher_misconceptions > 0 else {}
     if think_steps is None:
         think_steps = len(steps)
         if rng.random() < cfg.teacher_early_exit_rate:
@@ -243,12 +283,7 @@ def teacher_trace(
     for i, (op, operand) in enumerate(steps):
         if i >= think_steps:
             # Computed directly in the solution line: same error rate, no chance to correct it.
-            correct = apply_op(value, op, operand, cfg.modulus)
-            value = (
-                _wrong_residue(rng, correct, cfg.modulus)
-                if rng.random() < cfg.teacher_error_rate
-                else correct
-            )
+            value = teacher_step(value, op, operand, cfg, rng, wrong)
             kept.append(value)
             continue
         if i == 0:
@@ -258,9 +293,7 @@ def teacher_trace(
         else:
             keyword = rng.choice(MIDDLE_KEYWORDS)
         correct = apply_op(value, op, operand, cfg.modulus)
-        result = correct
-        if rng.random() < cfg.teacher_error_rate:
-            result = _wrong_residue(rng, correct, cfg.modulus)
+        result = teacher_step(value, op, operand, cfg, rng, wrong)
         left = f"{value} " if cfg.restate_value else ""
         lines.append(f"{keyword}{left}{op} {operand} = {result}.\n")
         if result != correct and rng.random() < cfg.teacher_fix_rate:
@@ -428,6 +461,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--levels", type=int, nargs="+", default=defaults.levels)
     parser.add_argument("--ops", nargs="+", default=defaults.ops, choices=sorted(OP_WORDS))
     parser.add_argument("--teacher-error-rate", type=float, default=defaults.teacher_error_rate)
+    parser.add_argument("--teacher-misconceptions", type=float, default=defaults.teacher_misconceptions)
+    parser.add_argument("--misconception-rate", type=float, default=defaults.misconception_rate)
     parser.add_argument("--teacher-fix-rate", type=float, default=defaults.teacher_fix_rate)
     parser.add_argument("--teacher-early-exit-rate", type=float, default=defaults.teacher_early_exit_rate)
     parser.add_argument("--sft-exit-rows", type=float, default=defaults.sft_exit_rows)
@@ -447,6 +482,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         levels=args.levels,
         ops=args.ops,
         teacher_error_rate=args.teacher_error_rate,
+        teacher_misconceptions=args.teacher_misconceptions,
+        misconception_rate=args.misconception_rate,
         teacher_fix_rate=args.teacher_fix_rate,
         teacher_early_exit_rate=args.teacher_early_exit_rate,
         sft_exit_rows=args.sft_exit_rows,

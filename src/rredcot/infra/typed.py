@@ -131,7 +131,11 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise SettingsError(path, f"expected a number, got {value!r}")
+            hint = ""
+            if isinstance(value, str) and _is_number(value):
+                # YAML 1.1 (PyYAML) reads 3e-4 as text: its floats need a dot before the exponent.
+                hint = f" (YAML reads {value} as text: write it with a dot, e.g. {float(value)!r})"
+            raise SettingsError(path, f"expected a number, got {value!r}{hint}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -255,3 +259,11 @@ def json_schema(cls: type) -> dict[str, Any]:
     if required:
         schema["required"] = required
     return schema
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -429,6 +429,19 @@ def exit_cuts(segment_starts: Sequence[int], n_tokens: int) -> list[int]:
     return [int(s) for s in segment_starts] + [n_tokens]
 
 
+def token_at(token_texts: Sequence[str], char: int) -> int | None:
+    """Index of the token holding character ``char`` of ``"".join(token_texts)``: the last token
+    for a character past the end, None when there are no tokens."""
+    if char < 0:
+        raise ValueError(f"character offset {char} is negative")
+    end = 0
+    for j, text in enumerate(token_texts):
+        end += len(text)
+        if end > char:
+            return j
+    return len(token_texts) - 1 if token_texts else None
+
+
 def find_text(token_texts: Sequence[str], needle: str, start: int = 0, last: bool = False) -> int | None:
     """Index of the token holding the first character of ``needle`` in ``token_texts[start:]``.
 
@@ -436,13 +449,10 @@ def find_text(token_texts: Sequence[str], needle: str, start: int = 0, last: boo
     """
     if not needle:
         raise ValueError("cannot search for an empty text")
-    ends = list(accumulate(len(t) for t in token_texts))
-    offset = ends[start - 1] if 0 < start <= len(ends) else 0
+    offset = sum(len(t) for t in token_texts[:start])
     text = "".join(token_texts[start:])
     at = text.rfind(needle) if last else text.find(needle)
-    if at < 0:
-        return None
-    return next(i for i, end in enumerate(ends) if end > offset + at)
+    return None if at < 0 else token_at(token_texts, offset + at)
 
 
 def thinking_end(token_texts: Sequence[str], exit_string: str) -> int | None:
