@@ -64,7 +64,7 @@ def batch_gradients(model, tok, gen, rows, cfg, arms, assigners, seed) -> dict[s
         return None  # every group all right or all wrong: GRPO has no gradient here
     multipliers = {}
     for arm in arms:
-        if cfg["arms"][arm]["credit"] == "uniform":
+        if assigners[arm].cfg.kind.uniform:
             multipliers[arm] = [torch.ones(len(it.completion_ids)) for it in items]
         else:
             with torch.no_grad():
@@ -74,7 +74,7 @@ def batch_gradients(model, tok, gen, rows, cfg, arms, assigners, seed) -> dict[s
     losses = dict.fromkeys(arms, 0.0)
     for j, it in enumerate(items):
         logits = model(torch.tensor([it.prompt_ids + it.completion_ids])).logits[0]
-        logits = logits[len(it.prompt_ids) - 1 : -1]
+        logits = logits[len(it.prompt_ids) - 1 : -1] / rl["temperature"]  # as TRL scores the samples
         logp = logits.log_softmax(-1).gather(1, torch.tensor(it.completion_ids)[:, None])[:, 0]
         for arm in arms:  # TRL's "grpo" loss: the sequence mean of advantage x σ·|o| x log p
             losses[arm] = losses[arm] - it.advantage * (multipliers[arm][j] * logp).mean() / len(items)

@@ -11,12 +11,14 @@ Run ``python -m rredcot.data.synthetic --out-dir DIR`` to write ``DIR/{sft,rl,te
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from rredcot.infra.io import write_jsonl
@@ -236,15 +238,20 @@ def _wrong_residue(rng: random.Random, correct: int, modulus: int) -> int:
     return wrong + 1 if wrong >= correct else wrong
 
 
-def misconceptions(cfg: TaskConfig) -> dict[tuple[int, str, int], int]:
+def misconceptions(cfg: TaskConfig) -> Mapping[tuple[int, str, int], int]:
     """The teacher's misconceived facts: ``(value, op, operand) -> wrong result``, a fixed
     ``teacher_misconceptions`` share of all facts, drawn from their own random stream of ``seed``."""
-    facts = [
-        (v, op, x) for v in range(cfg.modulus) for op in sorted(set(cfg.ops)) for x in range(1, cfg.modulus)
-    ]
-    rng = random.Random(f"{cfg.seed}-misconceptions")
-    chosen = sorted(rng.sample(facts, round(cfg.teacher_misconceptions * len(facts))))
-    return {fact: _wrong_residue(rng, apply_op(*fact, cfg.modulus), cfg.modulus) for fact in chosen}
+    return _misconceptions(cfg.seed, cfg.modulus, tuple(sorted(set(cfg.ops))), cfg.teacher_misconceptions)
+
+
+@functools.cache  # every teacher trace asks; the draw depends on these four settings only
+def _misconceptions(
+    seed: int, modulus: int, ops: tuple[str, ...], share: float
+) -> Mapping[tuple[int, str, int], int]:
+    facts = [(v, op, x) for v in range(modulus) for op in ops for x in range(1, modulus)]
+    rng = random.Random(f"{seed}-misconceptions")
+    chosen = sorted(rng.sample(facts, round(share * len(facts))))
+    return MappingProxyType({fact: _wrong_residue(rng, apply_op(*fact, modulus), modulus) for fact in chosen})
 
 
 def teacher_step(
