@@ -145,6 +145,30 @@ def test_sampling_is_seeded(model_dir: Path) -> None:
     assert [len(c) for c in first] == [2, 2]
 
 
+def test_a_sample_depends_on_its_prompt_seed_and_index_only(model_dir: Path) -> None:
+    """Each (prompt, sample) row has its own stream: the batch around it does not matter, and two
+    models that differ a little draw the same noise, so most of their samples agree (common random
+    numbers for paired arms), far more than under independent seeds."""
+    model, tok = load_model(model_dir), load_tokenizer(model_dir)
+    prompts = [r["problem"] for r in read_jsonl(FILES[3])[:6]]
+    kwargs = {"n": 4, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 6}
+    alone = HFGenerator(model, tok, batch_size=1).generate(prompts[:1], seed=3, **kwargs)
+    batched = HFGenerator(model, tok, batch_size=7).generate(prompts, seed=3, **kwargs)
+    assert batched[0] == alone[0]
+    other = load_model(model_dir)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.02 * p.std() * torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
+    paired = HFGenerator(other, tok, batch_size=7).generate(prompts, seed=3, **kwargs)
+    unpaired = HFGenerator(other, tok, batch_size=7).generate(prompts, seed=4, **kwargs)
+
+    def agree(a: list[list[Completion]], b: list[list[Completion]]) -> float:
+        pairs = [(x.text, y.text) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
+        return sum(x == y for x, y in pairs) / len(pairs)
+
+    assert agree(batched, paired) >= 0.5 > agree(batched, unpaired)
+
+
 def test_stop_tokens_of_the_model_end_completions(model_dir: Path) -> None:
     """Chat models list extra end-of-turn ids in their generation config; generation stops at them."""
     model, tok = load_model(model_dir), load_tokenizer(model_dir)

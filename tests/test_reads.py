@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from rredcot.settings.config import ConfigError, validate
-from rredcot.settings.reads import READS, UndeclaredSetting, stage_settings, stage_view
+from rredcot.method.assign import CreditSettings
+from rredcot.method.credit import credit_method
+from rredcot.settings.config import ConfigError, credit_config, validate
+from rredcot.settings.reads import CREDIT_OF_ARM, READS, UndeclaredSetting, stage_settings, stage_view
 from rredcot.stages import sft as sft_stage
 from rredcot.stages import train as train_stage
 
@@ -45,20 +47,63 @@ def test_every_declared_key_is_a_setting(stage: str) -> None:
     assert pickle.loads(pickle.dumps(view)) == view
 
 
-@pytest.mark.parametrize("stage", sorted(READS))
-def test_settings_change_exactly_with_their_computes_keys(stage: str) -> None:
+def _declared(keys: tuple[str, ...], arm: str) -> list[str]:
+    out = []
+    for key in keys:
+        if key == CREDIT_OF_ARM:
+            method = credit_method(CFG["arms"][arm]["credit"])
+            out += [f"credit.{name}" for name in CreditSettings.read_by(method)]
+        else:
+            out.append(key.format(arm=arm))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("stage", "arm"),
+    [(stage, "rredcot") for stage in sorted(READS)]
+    + [("train", a) for a in ("grpo", "mc", "oracle", "entropy")],
+)
+def test_settings_change_exactly_with_their_computes_keys(stage: str, arm: str) -> None:
     """Every leaf of the config, changed on its own: the stage's settings change iff the leaf lies
     under a computes key and not under a runs key."""
     reads = READS[stage]
     variant = next(iter(reads.variants), None)
-    keys = [k.format(arm="rredcot") for k in (*reads.computes, *reads.variants.get(variant, ()))]
-    runs = [k.format(arm="rredcot") for k in reads.runs]
-    before = stage_settings(CFG, stage, "rredcot", variant)
+    keys = _declared((*reads.computes, *reads.variants.get(variant, ())), arm)
+    runs = _declared(reads.runs, arm)
+    before = stage_settings(CFG, stage, arm, variant)
     for leaf in _leaves(CFG):
-        after = stage_settings(_set(CFG, leaf, "<changed>"), stage, "rredcot", variant)
+        if leaf == f"arms.{arm}.credit" and CREDIT_OF_ARM in reads.computes:
+            continue  # not a method name: test_train_reads_the_credit_settings_its_method_reads
+        after = stage_settings(_set(CFG, leaf, "<changed>"), stage, arm, variant)
         under = any(leaf == k or leaf.startswith(k + ".") for k in keys)
         skipped = any(leaf == k or leaf.startswith(k + ".") for k in runs)
-        assert (after != before) == (under and not skipped), f"{stage}: {leaf}"
+        assert (after != before) == (under and not skipped), f"{stage} ({arm}): {leaf}"
+
+
+def test_train_reads_the_credit_settings_its_method_reads() -> None:
+    """A change to the Monte Carlo rollouts reruns the MC arm only; one to the exit-point scoring
+    the RREDCoT arms only; uniform credit (the GRPO baselines) reads no credit setting at all."""
+    credit = {
+        arm: {k for k in stage_settings(CFG, "train", arm) if k.startswith("credit.")} for arm in CFG["arms"]
+    }
+    assert credit["grpo"] == credit["dapo"] == credit["entropy_mask"] == set()
+    assert "credit.mc" in credit["mc"] and "credit.mc" not in credit["rredcot"] | credit["oracle"]
+    assert {"credit.scorer", "credit.answer_baseline"} <= credit["rredcot"] & credit["rredcot_entropy"]
+    assert not {"credit.scorer", "credit.answer_baseline"} & (credit["mc"] | credit["oracle"])
+    assert "credit.segmentation" in credit["oracle"] and "credit.segmentation" not in credit["entropy"]
+    changed = _set(CFG, "credit.mc.samples", 8)
+    rerun = {
+        arm
+        for arm in CFG["arms"]
+        if stage_settings(changed, "train", arm) != stage_settings(CFG, "train", arm)
+    }
+    assert rerun == {"mc"}
+    # The method itself is the arm's own setting: another one reads other settings.
+    other = _set(CFG, "arms.grpo.credit", "mc")
+    assert stage_settings(other, "train", "grpo")["credit.mc"] == CFG["credit"]["mc"]
+    # A uniform arm's job sees no credit section, and its credit config still builds.
+    view = stage_view(CFG, "train", "grpo")
+    assert "credit" not in view and credit_config(view, "grpo").kind.uniform
 
 
 def test_the_view_refuses_undeclared_settings() -> None:

@@ -114,6 +114,36 @@ def test_uniform_credit_is_stock_grpo_bit_for_bit(setup, loss_type, level):
     assert "credit/traces" not in trainer._metrics["train"]
 
 
+def test_paired_sampling_draws_each_generation_batch_from_a_stream_of_its_own(setup):
+    """With a sampling seed, what a step samples depends on (seed, step, batch of the step) only, not
+    on the random state before it: two runs (arms) of one seed draw the same noise at every step."""
+    cfg, tok, model, dataset, out = setup
+    inputs = [dataset[i] for i in range(8)]
+
+    def draw(sampling_seed, history: int, step: int = 3, calls: int = 1) -> list[torch.Tensor]:
+        trainer = RREDCoTTrainer(
+            model=copy.deepcopy(model),
+            reward_funcs=[length_reward],
+            args=grpo_args(cfg, "grpo", 0, out / "paired"),
+            train_dataset=dataset,
+            processing_class=tok,
+            credit=CreditConfig(method="uniform"),
+            sampling_seed=sampling_seed,
+        )
+        trainer.model.train()
+        trainer.state.global_step = step
+        torch.manual_seed(history)  # whatever was drawn before this step
+        return [trainer._generate_and_score_completions(inputs)["completion_ids"] for _ in range(calls)]
+
+    (first,) = draw(7, history=1)
+    assert torch.equal(first, draw(7, history=2)[0])
+    again = draw(7, history=1, calls=2)
+    assert torch.equal(again[0], first) and not torch.equal(again[1], first)  # the step's next batch
+    assert not torch.equal(draw(7, history=1, step=4)[0], first)
+    assert not torch.equal(draw(8, history=1)[0], first)
+    assert not torch.equal(draw(None, history=1)[0], draw(None, history=2)[0])  # TRL's own stream
+
+
 def test_rredcot_redistributes_within_each_trace(setup):
     cfg, tok, model, dataset, out = setup
     trainer = RREDCoTTrainer(

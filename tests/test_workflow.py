@@ -18,7 +18,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from rredcot.settings.reads import READS
+from rredcot.settings.reads import CREDIT_OF_ARM, READS
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -303,12 +303,18 @@ def _covers(declared: str, key: str) -> bool:
     return key == declared or key.startswith(declared + ".") or declared.startswith(key + ".")
 
 
+def _any_arm(key: str) -> str:
+    """A declared key, for whichever arm reads it (the smoke run trains the default arms, which
+    between them read every credit setting)."""
+    return "credit" if key == CREDIT_OF_ARM else key.replace("{arm}", "rredcot")
+
+
 def _readers(key: str) -> set[str]:
     """Rules whose stage computes with ``key``."""
     out = set()
     for stage, reads in READS.items():
         keys = [*reads.computes, *(k for ks in reads.variants.values() for k in ks)]
-        keys = [k.replace("{arm}", "rredcot") for k in keys]
+        keys = [_any_arm(k) for k in keys]
         if any(_covers(k, key) for k in keys) and not any(_covers(k, key) and k != key for k in reads.runs):
             out.add(stage)
     return out
@@ -348,7 +354,7 @@ def test_every_declared_setting_has_a_change() -> None:
     # Not on the smoke DAG: the settings of real-data fetching, and data.kind, which picks the DAG
     # (test_reads.py checks them on the settings side).
     declared = {
-        k.replace("{arm}", "rredcot")
+        _any_arm(k)
         for stage, reads in READS.items()
         if stage != "fetch"
         for k in (*reads.computes, *(k for ks in reads.variants.values() for k in ks))
@@ -368,6 +374,15 @@ def test_changing_a_setting_reruns_its_readers_and_nothing_else(
     affected = readers | {d for r in readers for d in downstream[r]}
     assert readers <= set(jobs), f"{key}: {sorted(readers - set(jobs))} not rerun"
     assert set(jobs) <= affected | {"all"}, f"{key}: {sorted(set(jobs) - affected)} rerun without reading it"
+
+
+@pytest.mark.slow
+def test_a_credit_setting_reruns_the_arms_whose_method_reads_it(smoke: Path) -> None:
+    """The Monte Carlo rollouts: only the MC arm trains again (one job per seed), and with it only
+    its evaluations; the GRPO, RREDCoT and oracle runs stand."""
+    jobs = _scheduled(_run(["-n"], smoke, _overlay(smoke.parent, "credit.mc.samples", 3)))
+    seeds = len(yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())["seeds"])
+    assert jobs["train"] == jobs["evaluate"] == seeds
 
 
 @pytest.mark.slow

@@ -148,4 +148,5 @@ def build_trainer(
         culprit=culprit_offset if credit.kind.needs_culprits else None,
         # Monte Carlo values score each rollout with the run's reward (the default one).
         rollout_reward=row_reward if credit.kind.needs_rollouts else None,
+        sampling_seed=seed if cfg["rl"]["paired_sampling"] else None,
     )

@@ -59,7 +59,9 @@ class RREDCoTTrainer(GRPOTrainer):
     every step knows (``rredcot.data.synthetic.culprit``). ``mc`` needs ``rollout_reward``: a function
     of a dataset row and a completion's text that returns its reward in [0, 1] (the run's outcome
     reward, applied to each policy rollout from an exit point). Credit records of sampled traces
-    accumulate in ``credit_views`` (main process) when ``view_every`` > 0.
+    accumulate in ``credit_views`` (main process) when ``view_every`` > 0. ``sampling_seed`` (an
+    int) pairs the sampling of runs that share it (common random numbers, for comparing arms); None
+    keeps TRL's random stream, and with uniform credit the run is then stock GRPO bit for bit.
     """
 
     def __init__(
@@ -68,10 +70,16 @@ class RREDCoTTrainer(GRPOTrainer):
         credit: CreditConfig | None = None,
         culprit: Callable[[dict[str, Any], str], int | None] | None = None,
         rollout_reward: Callable[[dict[str, Any], str], float] | None = None,
+        sampling_seed: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.credit = credit or CreditConfig()
+        # None: TRL's own random stream, which after the first step depends on everything drawn
+        # before. An int: every generation batch draws from a stream of its own, seeded by
+        # (sampling_seed, step, batch of the step, process); see _generate_and_score_completions.
+        self.sampling_seed = sampling_seed
+        self._generation_batches: dict[int, int] = {}  # step -> generation batches drawn in it
         if self.credit.kind.needs_culprits and culprit is None:
             raise ValueError(
                 f"credit method {self.credit.method!r} needs culprit=: where each completion first goes "
@@ -148,6 +156,15 @@ class RREDCoTTrainer(GRPOTrainer):
 
     # -- the override ----------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.sampling_seed is not None and self.model.training:
+            # Common random numbers: two runs with the same sampling_seed (arms of one seed) draw
+            # the same noise for the same step and row, so they sample the same completions wherever
+            # their policies agree, and the difference between arms is not drowned by which
+            # completions each happened to draw. A resumed run draws what the uninterrupted one did.
+            step = int(self.state.global_step)
+            batch = self._generation_batches.get(step, 0)
+            self._generation_batches = {step: batch + 1}
+            torch.manual_seed(sample_seed(self.sampling_seed, step, batch, self.accelerator.process_index))
         out = super()._generate_and_score_completions(inputs)
         if self.credit.kind.uniform or not self.model.training:
             return out  # stock GRPO; evaluation batches get no credit either

@@ -6,13 +6,13 @@ each sample with its own random stream (the studies continue traces from exit po
 prefix and encoding it again could tokenize the cut differently, and per-row seeds make a rollout
 independent of which other rows share its batch, so a study can be rerun in parts).
 
-``HFGenerator`` runs transformers' ``generate`` on a model in memory (CPU or GPU); its ``sample``
-gets per-row streams from greedy search with a logits processor that adds Gumbel noise from each
-row's own generator (the argmax of ``logits / T + Gumbel`` is a sample of ``softmax(logits / T)``,
-top-p filtering first). ``VLLMGenerator`` loads a saved model into vLLM, which is what makes sampling
-long reasoning traces affordable on GPUs; it passes the seed of every request. vLLM is imported only
-when that backend is chosen, so the CPU install does not need it. A temperature of 0 means greedy
-decoding everywhere.
+``HFGenerator`` runs transformers' ``generate`` on a model in memory (CPU or GPU). Every row, each
+of a prompt's ``n`` samples included, gets its own random stream: greedy search with a logits
+processor that adds Gumbel noise from the row's own generator (the argmax of ``logits / T +
+Gumbel`` is a sample of ``softmax(logits / T)``, top-p filtering first). ``VLLMGenerator`` loads a
+saved model into vLLM, which is what makes sampling long reasoning traces affordable on GPUs; it
+passes the seed of every request. vLLM is imported only when that backend is chosen, so the CPU
+install does not need it. A temperature of 0 means greedy decoding everywhere.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class Generator(Protocol):
         max_new_tokens: int,
         seed: int,
     ) -> list[list[Completion]]:
-        """``n`` completions of each text prompt (one stream per call, seeded by ``seed``)."""
+        """``n`` completions of each text prompt, each from its own random stream derived from
+        ``seed``, the prompt's index and the sample's index."""
         ...
 
     def sample(
@@ -121,60 +122,22 @@ class HFGenerator:
         max_new_tokens: int = 128,
         seed: int = 0,
     ) -> list[list[Completion]]:
-        lengths = [len(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
-        flat = [i for i in range(len(prompts)) for _ in range(n)]
-        # Longest prompts first: similar lengths share a batch (less padding) and running out of
-        # memory shows up in the first batch rather than the last.
-        order = sorted(range(len(flat)), key=lambda j: -lengths[flat[j]])
-        results: list[Completion | None] = [None] * len(flat)
-        was_training, side = self.model.training, self.tokenizer.padding_side
-        device = self.model.device
-        cuda = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
-        self.model.eval()
-        self.tokenizer.padding_side = "left"
-        try:
-            # A private RNG stream: a probe during training must not reset the trainer's sampling RNG.
-            with torch.random.fork_rng(devices=cuda):
-                torch.manual_seed(seed)
-                starts = range(0, len(order), self.batch_size)
-                for start in tqdm(starts, desc="generate", disable=not self.progress, unit="batch"):
-                    chunk = order[start : start + self.batch_size]
-                    texts = [prompts[flat[j]] for j in chunk]
-                    for j, completion in zip(
-                        chunk, self._batch(texts, temperature, top_p, max_new_tokens), strict=True
-                    ):
-                        results[j] = completion
-        finally:
-            self.model.train(was_training)
-            self.tokenizer.padding_side = side
-        return [results[i * n : (i + 1) * n] for i in range(len(prompts))]  # type: ignore[misc]
-
-    def _batch(
-        self, texts: list[str], temperature: float, top_p: float, max_new_tokens: int
-    ) -> list[Completion]:
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        enc = enc.to(self.model.device)
-        sample = temperature > 0
-        out = self.model.generate(
-            **enc,
+        encoded = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+        # One random stream per (prompt, sample), as the vLLM backend seeds each request: a sample
+        # does not depend on which other rows share its batch, and two models evaluated with the
+        # same seed draw the same noise for the same row, so the difference of their accuracies is
+        # measured with common random numbers (where the models agree, their samples agree;
+        # docs/METHOD-NOTES.md, "Paired arms"). No global random state is read or changed, so a
+        # probe during training leaves the trainer's sampling as it was.
+        flat = [(i, j) for i in range(len(prompts)) for j in range(n)]
+        out = self.sample(
+            [encoded[i] for i, _ in flat],
+            [sample_seed(seed, i, j) for i, j in flat],
+            temperature=temperature,
+            top_p=top_p,
             max_new_tokens=max_new_tokens,
-            do_sample=sample,
-            temperature=temperature if sample else None,
-            top_p=top_p if sample else None,
-            top_k=0 if sample else None,  # no top-k cut: the protocol is top-p only
-            pad_token_id=self.pad_id,
-            eos_token_id=self.stop_ids,
         )
-        generated = out[:, enc["input_ids"].shape[1] :].tolist()
-        kept, truncated = [], []
-        for row in generated:
-            end = next((pos for pos, tok in enumerate(row) if tok in self.stop_ids), None)
-            kept.append(row if end is None else row[: end + 1])
-            # A row without a stop token ran to max_new_tokens: generate only stops early once
-            # every row of the batch has finished.
-            truncated.append(end is None)
-        decoded = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
-        return [Completion(ids, t, cut) for t, ids, cut in zip(decoded, kept, truncated, strict=True)]
+        return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     @torch.inference_mode()
     def sample(

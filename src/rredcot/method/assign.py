@@ -89,6 +89,25 @@ class CreditSettings:
     view_samples: int = 2
     """Traces per kept step: alternately one with a negative and one with a positive advantage."""
 
+    @staticmethod
+    def read_by(method: C.CreditMethod) -> tuple[str, ...]:
+        """The settings (field names) that ``method``'s credit depends on; the others are never read
+        on its path, so an experiment that changes only those leaves the method's runs as they were.
+        Uniform credit reads none (TRL's advantages stay as they are); every other method weights
+        tokens (``mix``), runs forward passes (``budget``) and keeps views; segment methods cut the
+        trace (``segmentation``); the Monte Carlo method samples rollouts (``mc``); exit-point values
+        are scored against reference pairs with a value model and an answer baseline."""
+        if method.uniform:
+            return ()
+        names = ["mix", "budget", "view_every", "view_samples"]
+        if method.segment_rewards is not None:
+            names.append("segmentation")
+        if method.needs_rollouts:
+            names.append("mc")
+        if method.needs_exit_values:
+            names += ["group_pairs", "proposal", "value_model", "scorer", "answer_baseline"]
+        return tuple(names)
+
     def __post_init__(self) -> None:
         choices = {
             "proposal": ("uniform", "given"),

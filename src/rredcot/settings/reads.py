@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rredcot.method.assign import CreditSettings
+from rredcot.method.credit import credit_method
 from rredcot.settings.config import ConfigError, load_config
 
 # Where MLflow logs and where the outputs go: every stage reads them, none computes with them.
@@ -49,6 +51,11 @@ class StageReads:
     variants: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
+# The settings of the credit section that the job's arm reads: those its credit method depends on
+# (CreditSettings.read_by), so that a change to, say, the Monte Carlo rollouts reruns the MC arm
+# and not the GRPO baseline.
+CREDIT_OF_ARM = "credit.<what the arm reads>"
+
 _STUDY_SAMPLING = ("studies.seed", "studies.temperature", "studies.top_p", "studies.backend")
 
 READS: dict[str, StageReads] = {
@@ -64,7 +71,7 @@ READS: dict[str, StageReads] = {
         (*_LOGGING, *_PORTS, "threads.sft", "sft.save_every", "sft.resume", "sft.enabled"),
     ),
     "train": StageReads(
-        ("arms.{arm}", "rl", "credit", "prompt", "eval", "model", "distributed"),
+        ("arms.{arm}", "rl", CREDIT_OF_ARM, "prompt", "eval", "model", "distributed"),
         (*_LOGGING, *_PORTS, "threads.train", "rl.save_every", "rl.resume"),
     ),
     "evaluate": StageReads(("eval", "prompt", "model.dtype"), (*_LOGGING, "threads.eval")),
@@ -114,8 +121,15 @@ def _split(key: str) -> tuple[str, ...]:
     return tuple(key.split("."))
 
 
-def _keys(stage: str, which: str, arm: str | None, variant: str | None = None) -> list[tuple[str, ...]]:
-    """The dotted keys of one kind; ``variant`` None = every variant's (what the stage may read)."""
+def _keys(
+    stage: str,
+    which: str,
+    arm: str | None,
+    variant: str | None = None,
+    cfg: Mapping[str, Any] | None = None,
+) -> list[tuple[str, ...]]:
+    """The dotted keys of one kind; ``variant`` None = every variant's (what the stage may read).
+    ``cfg`` resolves :data:`CREDIT_OF_ARM` (the arm's credit method)."""
     try:
         reads = READS[stage]
     except KeyError:
@@ -127,6 +141,11 @@ def _keys(stage: str, which: str, arm: str | None, variant: str | None = None) -
         names += [k for v, keys in reads.variants.items() if variant in (None, v) for k in keys]
     keys = []
     for key in names:
+        if key == CREDIT_OF_ARM:
+            if arm is not None and cfg is not None:
+                method = credit_method(cfg["arms"][arm]["credit"])
+                keys += [("credit", name) for name in CreditSettings.read_by(method)]
+            continue
         if "{arm}" in key:
             if arm is None:
                 continue
@@ -161,7 +180,7 @@ def stage_settings(
         raise KeyError(f"stage {stage!r} needs a variant: {', '.join(READS[stage].variants)}")
     runs = _keys(stage, "runs", arm)
     out = {}
-    for path in _keys(stage, "computes", arm, variant):
+    for path in _keys(stage, "computes", arm, variant, cfg):
         value = _plain(_subtree(cfg, path))
         for other in runs:
             if other[: len(path)] == path and len(other) > len(path):
@@ -219,7 +238,7 @@ def stage_view(cfg: Mapping[str, Any], stage: str, arm: str | None = None) -> St
     """The validated config ``cfg`` restricted to what ``stage`` declares (computes and runs)."""
     if arm is not None and arm not in cfg["arms"]:
         raise ConfigError(f"unknown arm {arm!r}; configured arms: {', '.join(cfg['arms'])}")
-    paths = _keys(stage, "computes", arm) + _keys(stage, "runs", arm)
+    paths = _keys(stage, "computes", arm, cfg=cfg) + _keys(stage, "runs", arm)
     for path in paths:
         try:
             _subtree(cfg, path)

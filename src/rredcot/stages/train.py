@@ -48,7 +48,7 @@ from rredcot.infra.resume import (
     record,
 )
 from rredcot.lm.modeling import load_tokenizer, set_threads
-from rredcot.settings.config import ConfigError, arm_label
+from rredcot.settings.config import ConfigError, arm_label, credit_settings
 from rredcot.settings.reads import stage_config, stage_settings
 
 _log = logging.getLogger(__name__)
@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     params = {
         "arm": cfg["arms"][args.arm],
         "rl": cfg["rl"],
-        "credit": cfg["credit"],
+        "credit": credit_settings(cfg, args.arm),
         "model_dtype": cfg["model"]["dtype"],
         "distributed": {**cfg["distributed"], "processes": state.num_processes},
         "seed": args.seed,

@@ -1,0 +1,79 @@
+"""Each credit method reads only the settings it declares (``CreditSettings.read_by``): a train job's
+params hold those alone, so the claim must hold in the code. Changing every other setting leaves the
+method's σ exactly as it was; changing one it reads (``mix``) moves it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from synthetic_setup import synthetic_setup
+
+from rredcot.method import credit as C
+from rredcot.method.assign import CreditAssigner, CreditSettings, MonteCarloSettings, TraceInput
+from rredcot.method.segmentation import SegmentationConfig
+from rredcot.settings.config import credit_config
+
+PROBLEM = "Start at 9, times 2, add 6. Work mod 10."
+WRONG = (
+    "First, 9 * 2 = 8.\nNext, 8 + 6 = 5.\nCheck, 5 is the value.\nFinally, 5 it is.\n"
+    "</think>\n9 * 2 = 8, 8 + 6 = 5. \\boxed{5}"
+)
+
+# A valid value other than the default for every setting; a method must not depend on those it
+# does not declare.
+OTHER = {
+    "mix": 0.9,
+    "segmentation": SegmentationConfig(n_segments=3, min_segment_tokens=2),
+    "group_pairs": True,
+    "proposal": "uniform",  # "given" needs per-pair log q, and excludes group_pairs
+    "value_model": "reference",
+    "scorer": "naive",
+    "answer_baseline": "reference",
+    "budget": None,  # filled below: a smaller scoring batch
+    "mc": MonteCarloSettings(samples=7, max_new_tokens=5, batch_size=3),
+    "view_every": 3,
+    "view_samples": 5,
+}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg, tok, model, _ = synthetic_setup()
+    model.eval()
+    return cfg, tok, model
+
+
+def _sigma(setup, method: str, changes: dict) -> torch.Tensor:
+    cfg, tok, model = setup
+    base = dataclasses.replace(credit_config(cfg, "rredcot"), method=method)
+    credit = dataclasses.replace(base, **changes)
+    assigner = CreditAssigner(tok, credit)
+    prompt = assigner.encode(f"Problem: {PROBLEM}\n<think>\n")
+    ids = assigner.encode(WRONG) + [tok.eos_token_id]
+    culprit = len(assigner.encode(WRONG[: WRONG.index("5.\nCheck")]))
+
+    def rollouts(policy, items, cuts):
+        # Deterministic outcome sums that fall by one success per cut: the values depend on M.
+        m = credit.mc.samples
+        return [[float(max(m - i, 0)) for i in range(len(c))] for c in cuts]
+
+    item = TraceInput(prompt, ids, -1.0, [("9 * 2 = 8, 8 + 6 = 4.", "4")], culprit=culprit, outcome=0.0)
+    (out,) = assigner.assign(model, [item], value_model=model, rollouts=rollouts)
+    return out.multiplier
+
+
+@pytest.mark.parametrize("method", sorted(C.CREDIT_METHODS))
+def test_settings_a_method_does_not_read_leave_its_credit_alone(setup, method: str) -> None:
+    read = CreditSettings.read_by(C.credit_method(method))
+    defaults = credit_config(setup[0], "rredcot")
+    other = dict(OTHER, budget=dataclasses.replace(defaults.budget, max_batch_tokens=512))
+    assert set(other) == {f.name for f in dataclasses.fields(CreditSettings)}
+    before = _sigma(setup, method, {})
+    unread = {name: value for name, value in other.items() if name not in read}
+    assert torch.equal(_sigma(setup, method, unread), before)
+    if "mix" in read:
+        assert not torch.allclose(_sigma(setup, method, {"mix": 1.0}), before)
+    else:
+        assert C.credit_method(method).uniform and torch.equal(before, torch.ones_like(before))
