@@ -334,7 +334,7 @@ register_credit_method(
         "oracle",
         None,
         "Perfect blame (synthetic task): a wrong trace's blame goes to the segment where it first goes "
-        "wrong, the same segments and σ as RREDCoT; the ceiling of segment-level credit.",
+        "wrong, the same segments and σ as RREDCoT; the ceiling of segment-level blame.",
     )
 )
 

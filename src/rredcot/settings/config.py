@@ -65,7 +65,7 @@ class Arm:
     """How the sequence advantage is spread over tokens: uniform (stock GRPO, 1/|o|), rredcot (segment
     rewards from exit-point values), entropy (token-entropy weighting), rredcot+entropy (segment shares
     spread over tokens by entropy), oracle (synthetic task only: a wrong trace's blame on the segment
-    where it first goes wrong, the ceiling of segment-level credit), mc (Monte Carlo values at the same
+    where it first goes wrong, the ceiling of segment-level blame), mc (Monte Carlo values at the same
     exit points from policy rollouts, VinePPO-style: the unbiased, expensive reference)."""
     loss_type: LossType = "grpo"
     """TRL loss normaliser; grpo is the sequence mean (σ = 1/|o|)."""
@@ -90,7 +90,7 @@ def _default_arms() -> dict[str, Arm]:
         "bnpo": Arm("uniform", "bnpo", "BNPO"),
         "dr_grpo": Arm("uniform", "dr_grpo", "Dr.GRPO"),
         "dapo": Arm("uniform", "dapo", "DAPO"),
-        # The ceiling of segment-level credit on the synthetic task, the Monte Carlo reference, and
+        # The ceiling of segment-level blame on the synthetic task, the Monte Carlo reference, and
         # TRL's high-entropy token mask.
         "oracle": Arm("oracle", "grpo", "Oracle"),
         "mc": Arm("mc", "grpo", "MC"),
