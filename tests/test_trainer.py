@@ -58,6 +58,20 @@ def length_reward(completions, **_):
     return [1.0 / (1 + len(c)) for c in completions]
 
 
+def _trainer(setup, name: str, credit: CreditConfig, arm: str = "grpo", dataset=None, cfg=None, **extra):
+    """An RREDCoTTrainer on a copy of the setup's model, with the length reward."""
+    setup_cfg, tok, model, setup_dataset, out = setup
+    return RREDCoTTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=grpo_args(cfg or setup_cfg, arm, 0, out / name),
+        train_dataset=setup_dataset if dataset is None else dataset,
+        processing_class=tok,
+        credit=credit,
+        **extra,
+    )
+
+
 # TRL 1.16's loss types (GRPOConfig.loss_type); test_every_trl_loss_type_is_covered guards the list.
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 
@@ -121,15 +135,7 @@ def test_paired_sampling_draws_each_generation_batch_from_a_stream_of_its_own(se
     inputs = [dataset[i] for i in range(8)]
 
     def draw(sampling_seed, history: int, step: int = 3, calls: int = 1) -> list[torch.Tensor]:
-        trainer = RREDCoTTrainer(
-            model=copy.deepcopy(model),
-            reward_funcs=[length_reward],
-            args=grpo_args(cfg, "grpo", 0, out / "paired"),
-            train_dataset=dataset,
-            processing_class=tok,
-            credit=CreditConfig(method="uniform"),
-            sampling_seed=sampling_seed,
-        )
+        trainer = _trainer(setup, "paired", CreditConfig(method="uniform"), sampling_seed=sampling_seed)
         trainer.model.train()
         trainer.state.global_step = step
         torch.manual_seed(history)  # whatever was drawn before this step
@@ -146,14 +152,7 @@ def test_paired_sampling_draws_each_generation_batch_from_a_stream_of_its_own(se
 
 def test_rredcot_redistributes_within_each_trace(setup):
     cfg, tok, model, dataset, out = setup
-    trainer = RREDCoTTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=grpo_args(cfg, "rredcot", 0, out / "c"),
-        train_dataset=dataset,
-        processing_class=tok,
-        credit=credit_config(cfg, "rredcot"),
-    )
+    trainer = _trainer(setup, "c", credit_config(cfg, "rredcot"), arm="rredcot")
     inputs = [dataset[i] for i in range(8)]
     torch.manual_seed(99)
     trainer.model.train()  # as in TRL's training loop: evaluation batches get no credit
@@ -189,13 +188,8 @@ def _credit_batch(setup, arm: str, seed: int = 99, **options):
     credit = credit_config(cfg, arm)
     for key, value in options.items():
         setattr(credit, key, value)
-    trainer = RREDCoTTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=grpo_args({**cfg, "arms": {**cfg["arms"], arm: {"credit": "uniform"}}}, arm, 0, out / arm),
-        train_dataset=dataset,
-        processing_class=tok,
-        credit=credit,
+    trainer = _trainer(
+        setup, arm, credit, arm=arm, cfg={**cfg, "arms": {**cfg["arms"], arm: {"credit": "uniform"}}}
     )
     torch.manual_seed(seed)
     trainer.model.train()  # as in TRL's training loop: evaluation batches get no credit
@@ -413,14 +407,7 @@ def test_reference_value_model_is_the_frozen_start(setup):
     cfg, tok, model, dataset, out = setup
     credit = credit_config(cfg, "rredcot")
     credit.value_model = "reference"
-    trainer = RREDCoTTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=grpo_args(cfg, "rredcot", 0, out / "frozen"),
-        train_dataset=dataset,
-        processing_class=tok,
-        credit=credit,
-    )
+    trainer = _trainer(setup, "frozen", credit, arm="rredcot")
     value = trainer._value_model
     assert value is not None and not any(p.requires_grad for p in value.parameters())
     with torch.no_grad():  # the policy learns
@@ -446,26 +433,14 @@ def test_entropy_credit_needs_no_answer_column(setup):
     """Methods read only the columns they use: entropy weighting on a prompt-only dataset."""
     cfg, tok, model, dataset, out = setup
     prompts = Dataset.from_list([{"prompt": row["prompt"]} for row in dataset])
-    trainer = RREDCoTTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=grpo_args(cfg, "grpo", 0, out / "no-answer"),
-        train_dataset=prompts,
-        processing_class=tok,
-        credit=CreditConfig(method="entropy"),
-    )
+    trainer = _trainer(setup, "no-answer", CreditConfig(method="entropy"), dataset=prompts)
     torch.manual_seed(5)
     trainer.model.train()
     batch = trainer._generate_and_score_completions([prompts[i] for i in range(8)])
     assert batch["advantages"].shape == batch["completion_ids"].shape
     assert trainer._metrics["train"]["credit/traces"][-1] > 0
-    rredcot = RREDCoTTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=grpo_args(cfg, "grpo", 0, out / "no-answer-rredcot"),
-        train_dataset=prompts,
-        processing_class=tok,
-        credit=CreditConfig(method="rredcot", exit_string="</think>\n"),
+    rredcot = _trainer(
+        setup, "no-answer-rredcot", CreditConfig(method="rredcot", exit_string="</think>\n"), dataset=prompts
     )
     with pytest.raises(KeyError, match="'answer' column"):
         rredcot.model.train()
