@@ -12,6 +12,7 @@ from synthetic_setup import synthetic_setup
 
 from rredcot.method import credit as C
 from rredcot.method.assign import CreditAssigner, CreditSettings, MonteCarloSettings, TraceInput
+from rredcot.method.exit_scoring import ScoringBudget
 from rredcot.method.segmentation import SegmentationConfig
 from rredcot.settings.config import credit_config
 
@@ -21,8 +22,8 @@ WRONG = (
     "</think>\n9 * 2 = 8, 8 + 6 = 5. \\boxed{5}"
 )
 
-# A valid value other than the default for every setting; a method must not depend on those it
-# does not declare.
+# A valid value for every setting, other than the default where the others allow it; a method must
+# not depend on those it does not declare.
 OTHER = {
     "mix": 0.9,
     "segmentation": SegmentationConfig(n_segments=3, min_segment_tokens=2),
@@ -31,7 +32,7 @@ OTHER = {
     "value_model": "reference",
     "scorer": "naive",
     "answer_baseline": "reference",
-    "budget": None,  # filled below: a smaller scoring batch
+    "budget": ScoringBudget(max_batch_tokens=512),
     "mc": MonteCarloSettings(samples=7, max_new_tokens=5, batch_size=3),
     "view_every": 3,
     "view_samples": 5,
@@ -67,11 +68,9 @@ def _sigma(setup, method: str, changes: dict) -> torch.Tensor:
 @pytest.mark.parametrize("method", sorted(C.CREDIT_METHODS))
 def test_settings_a_method_does_not_read_leave_its_credit_alone(setup, method: str) -> None:
     read = CreditSettings.read_by(C.credit_method(method))
-    defaults = credit_config(setup[0], "rredcot")
-    other = dict(OTHER, budget=dataclasses.replace(defaults.budget, max_batch_tokens=512))
-    assert set(other) == {f.name for f in dataclasses.fields(CreditSettings)}
+    assert set(OTHER) == {f.name for f in dataclasses.fields(CreditSettings)}
     before = _sigma(setup, method, {})
-    unread = {name: value for name, value in other.items() if name not in read}
+    unread = {name: value for name, value in OTHER.items() if name not in read}
     assert torch.equal(_sigma(setup, method, unread), before)
     if "mix" in read:
         assert not torch.allclose(_sigma(setup, method, {"mix": 1.0}), before)

@@ -326,7 +326,8 @@ class Rl:
     """Sampling temperature of the completions."""
     paired_sampling: bool = True
     """Arms of one seed draw their completions with common random numbers: each step's generation
-    batch is sampled from a random stream of its own, seeded by (seed, step, process), so the arms
+    batch is sampled from a random stream of its own, seeded by (seed, step, batch of the step,
+    process), so the arms
     sample the same completions wherever their policies agree, and their difference is not drowned
     by which completions each happened to draw (docs/METHOD-NOTES.md, "Paired arms"). false: TRL's
     own stream, which after the first step depends on everything drawn before. Generation with
