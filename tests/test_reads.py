@@ -136,7 +136,9 @@ def test_checkpoint_settings_are_not_computed_with() -> None:
 def test_variants_differ_only_in_their_own_keys() -> None:
     analysis = stage_settings(CFG, "study_traces", variant="analysis")
     prm = stage_settings(CFG, "study_traces", variant="prm")
+    localisation = stage_settings(CFG, "study_traces", variant="localisation")
     assert set(analysis) ^ set(prm) == {"studies.n_traces", "studies.prm.n_traces"}
+    assert set(analysis) ^ set(localisation) == {"studies.n_traces", "studies.localisation_traces"}
     with pytest.raises(KeyError, match="needs a variant"):
         stage_settings(CFG, "study_traces")
 

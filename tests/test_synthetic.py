@@ -261,3 +261,29 @@ def test_teacher_misconceptions_are_systematic() -> None:
     assert any(not row["completion_correct"] for row in rows["sft"])
     with pytest.raises(ValueError, match="teacher_misconceptions"):
         TaskConfig(teacher_misconceptions=1.5)
+
+
+def test_a_solution_that_slips_works_on_from_its_own_value() -> None:
+    """solution_slip_rate: the solution copies the thinking until it slips once, then computes every
+    later step from its own previous result; the trace's culprit is then the answer segment."""
+    from rredcot.data.synthetic import apply_op, culprit, run_chain
+
+    steps = [("+", 4), ("*", 3), ("-", 3), ("+", 2)]
+    cfg = TaskConfig(solution_slip_rate=0.3, teacher_error_rate=0.0, teacher_early_exit_rate=0.5, seed=3)
+    rng, slipped = random.Random(0), 0
+    for _ in range(200):
+        completion, final = teacher_trace(7, steps, cfg, rng)
+        thinking, solution = completion.split("</think>\n")
+        thought = [int(line[-2]) for line in thinking.splitlines()]
+        written = [int(v) for v in re.findall(r"= (\d)", solution)]
+        assert written[-1] == final and thought == run_chain(7, steps, 10)[: len(thought)]
+        at = next((i for i, (w, t) in enumerate(zip(written, thought, strict=False)) if w != t), None)
+        if at is None:  # no slip: the solution is the right chain
+            assert written == run_chain(7, steps, 10)
+            continue
+        slipped += 1
+        assert all(written[i] == apply_op(written[i - 1], *steps[i], 10) for i in range(at + 1, len(steps)))
+        assert culprit(problem_text(7, steps, 10), completion) == ("answer", completion.index("</think>"))
+    assert 40 < slipped < 140
+    with pytest.raises(ValueError, match="solution_slip_rate"):
+        TaskConfig(solution_slip_rate=-0.1)

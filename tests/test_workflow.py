@@ -154,7 +154,7 @@ def test_figures_exist(smoke: Path) -> None:
 
 @pytest.mark.slow
 def test_localisation_summary(smoke: Path) -> None:
-    localisation = json.loads((smoke / "studies" / "analysis" / "localisation.json").read_text())
+    localisation = json.loads((smoke / "studies" / "localisation" / "localisation.json").read_text())
     # The smoke model writes noise (no exit, no equations), so few or no traces have a culprit.
     assert localisation["all"]["traces"] == len(localisation["traces"])
     assert set(localisation) == {"all", "thinking", "answer", "traces"}
@@ -271,6 +271,7 @@ CHANGES = {
     "run_arms": ["grpo", "rredcot"],
     "report.table2_metric": "pass@2",
     "studies.n_traces": 6,
+    "studies.localisation_traces": 6,
     "studies.prm.n_traces": 6,
     "studies.max_new_tokens": 40,
     "studies.seed": 3,

@@ -15,15 +15,15 @@ rule study_traces:
     benchmark:
         f"{R}/benchmarks/studies/traces_{{set}}.tsv"
     wildcard_constraints:
-        set="analysis|prm",
+        set="analysis|prm|localisation",
     conda:
         "../../envs/rredcot.yaml"
     threads: config["threads"]["eval"]
     params:
         cfg=PY_CONFIG,
         model=START_MODEL,
-        n=lambda wc: S["prm"]["n_traces"] if wc.set == "prm" else S["n_traces"],
-        seed=lambda wc: S["seed"] + (1 if wc.set == "prm" else 0),
+        n=lambda wc: STUDY_TRACES[wc.set],
+        seed=lambda wc: S["seed"] + list(STUDY_TRACES).index(wc.set),
         sampling={k: S[k] for k in ("temperature", "top_p", "max_new_tokens")},
         settings=settings("study_traces"),
     shell:
@@ -226,10 +226,10 @@ rule study_attr_figures:
 # synthetic task says which step that is.
 rule study_localisation:
     input:
-        traces=f"{STUDY}/analysis/traces.jsonl",
+        traces=f"{STUDY}/localisation/traces.jsonl",
     output:
-        summary=f"{STUDY}/analysis/localisation.json",
-        views=directory(f"{STUDY}/analysis/localisation"),
+        summary=f"{STUDY}/localisation/localisation.json",
+        views=directory(f"{STUDY}/localisation/views"),
     log:
         f"{R}/logs/studies/localisation.log",
     benchmark:

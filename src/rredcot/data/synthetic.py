@@ -65,6 +65,15 @@ class TaskConfig:
     teaches). Kept low: a mistake in a step computed in the solution is blamed on the whole answer
     segment, so the more steps the solution computes, the less any segment-level credit can
     localise."""
+    solution_slip_rate: float = 0.0
+    """Probability that the teacher's final solution, copying a value of its thinking, writes a wrong
+    one instead. From there on the solution computes every step from its own previous result (same
+    error rate), ignoring the thinking lines that started from another value. 0: the solution
+    copies the thinking throughout. Above 0 the SFT model learns that a solution which has left its
+    thinking works on by itself, so at an exit point after a wrong line the reference solution,
+    once it departs from that line, is read as a solution working on by itself rather than as
+    disagreeing with every later line: the exit value drops at the wrong line only
+    (docs/METHOD-NOTES.md, "The synthetic task")."""
     sft_exit_rows: float = 0.25
     """Fraction of the SFT split's rows that start at an exit point: the prompt holds the first j
     thinking lines of a teacher trace (j uniform over 0..level) and the exit string, the completion
@@ -105,7 +114,7 @@ class TaskConfig:
             raise ValueError("label_noise must be in [0, 1]")
         if not 0.0 <= self.sft_exit_rows <= 1.0:
             raise ValueError("sft_exit_rows must be in [0, 1]")
-        for name in ("teacher_misconceptions", "misconception_rate"):
+        for name in ("teacher_misconceptions", "misconception_rate", "solution_slip_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1]")
 
@@ -308,7 +317,37 @@ def teacher_trace(
             lines.append(f"Wait, {left}{op} {operand} = {result}.\n")
         kept.append(result)
         value = result
+    if cfg.solution_slip_rate > 0:  # no draw at 0: configs without slips keep their exact rows
+        kept = _solution_results(start, steps, kept, min(think_steps, len(steps)), cfg, rng, wrong)
+        value = kept[-1]
     return "".join(lines) + THINK_END + solution_text(start, steps, kept), value
+
+
+def _solution_results(
+    start: int,
+    steps: Sequence[Step],
+    thought: Sequence[int],
+    think_steps: int,
+    cfg: TaskConfig,
+    rng: random.Random,
+    wrong: Mapping[tuple[int, str, int], int],
+) -> list[int]:
+    """The results the final solution writes: it copies the first ``think_steps`` results of the
+    thinking (``thought``) until it slips (``solution_slip_rate``), then computes every step from
+    its own previous result, as it already does for the steps the thinking did not reach."""
+    written, value = [], start
+    departed = False
+    for i, (op, operand) in enumerate(steps):
+        if i < think_steps and not departed:
+            value = thought[i]
+            if rng.random() < cfg.solution_slip_rate:
+                value, departed = _wrong_residue(rng, value, cfg.modulus), True
+        elif departed:
+            value = teacher_step(value, op, operand, cfg, rng, wrong)
+        else:
+            value = thought[i]  # a step the thinking did not reach, already computed from value
+        written.append(value)
+    return written
 
 
 def _sample_problems(

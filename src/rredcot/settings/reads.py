@@ -90,7 +90,11 @@ READS: dict[str, StageReads] = {
     "study_traces": StageReads(
         ("arms", "credit", "prompt", "model.dtype", "studies.max_new_tokens", *_STUDY_SAMPLING),
         (*_LOGGING, "threads.eval"),
-        variants={"analysis": ("studies.n_traces",), "prm": ("studies.prm.n_traces",)},
+        variants={
+            "analysis": ("studies.n_traces",),
+            "prm": ("studies.prm.n_traces",),
+            "localisation": ("studies.localisation_traces",),
+        },
     ),
     "study_mc": StageReads(
         ("prompt.exit_string", "model.dtype", "studies.mc_samples", "studies.mc_max_new_tokens")
