@@ -72,7 +72,8 @@ def test_dry_run_lists_every_stage(tmp_path):
     assert {rule: jobs.get(rule) for rule in expected} == expected
     studies = {r for r in READS if r.startswith("study_")}
     assert studies <= set(jobs)
-    assert jobs["study_traces"] == jobs["study_mc"] == 2 and jobs["all"] == 1
+    # analysis, prm and localisation traces; MC rollouts for the first two
+    assert jobs["study_traces"] == 3 and jobs["study_mc"] == 2 and jobs["all"] == 1
 
 
 # ------------------------------------------------------------------------------------- one run
@@ -196,7 +197,7 @@ def test_logs_and_benchmarks(smoke: Path) -> None:
 @pytest.mark.slow
 def test_one_mlflow_run_per_job(smoke: Path) -> None:
     # 1 data + 1 clean + 1 sft + arms x 2 train + (arms + base) x 2 eval + 1 report + 1 tables
-    # + 1 claims + 2 trace sets, 2 MC runs, MC figures, attribution, PRM training and scoring, attribution
+    # + 1 claims + 3 trace sets, 2 MC runs, MC figures, attribution, PRM training and scoring, attribution
     # figures, blame localisation.
     client = MlflowClient(tracking_uri=f"sqlite:///{smoke}/mlflow.db")
     exp = client.get_experiment_by_name("rredcot-smoke")
@@ -204,7 +205,7 @@ def test_one_mlflow_run_per_job(smoke: Path) -> None:
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     parents = {r.data.tags["mlflow.parentRunId"] for r in children}
     runs = 2 * len(ARMS)
-    assert len(children) == 3 + runs + (runs + 2) + 3 + 10 and len(parents) == 1
+    assert len(children) == 3 + runs + (runs + 2) + 3 + 11 and len(parents) == 1
     assert all(r.info.status == "FINISHED" for r in children)
 
 

@@ -69,11 +69,11 @@ class TaskConfig:
     """Probability that the teacher's final solution, copying a value of its thinking, writes a wrong
     one instead. From there on the solution computes every step from its own previous result (same
     error rate), ignoring the thinking lines that started from another value. 0: the solution
-    copies the thinking throughout. Above 0 the SFT model learns that a solution which has left its
-    thinking works on by itself, so at an exit point after a wrong line the reference solution,
-    once it departs from that line, is read as a solution working on by itself rather than as
-    disagreeing with every later line: the exit value drops at the wrong line only
-    (docs/METHOD-NOTES.md, "The synthetic task")."""
+    copies the thinking throughout. Meant to teach the model that a solution which has left its
+    thinking works on by itself, so that the reference solution at an exit after a wrong line is
+    not read as disagreeing with every later line as well (which moves blame past the culprit). At
+    0.05 blame found the culprit more often but SFT did not converge; at 0.02 SFT converged and
+    blame did not move (docs/METHOD-NOTES.md, "Blame localisation on the default")."""
     sft_exit_rows: float = 0.25
     """Fraction of the SFT split's rows that start at an exit point: the prompt holds the first j
     thinking lines of a teacher trace (j uniform over 0..level) and the exit string, the completion
