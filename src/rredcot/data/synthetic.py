@@ -326,26 +326,24 @@ def teacher_trace(
 def _solution_results(
     start: int,
     steps: Sequence[Step],
-    thought: Sequence[int],
+    kept: Sequence[int],
     think_steps: int,
     cfg: TaskConfig,
     rng: random.Random,
     wrong: Mapping[tuple[int, str, int], int],
 ) -> list[int]:
-    """The results the final solution writes: it copies the first ``think_steps`` results of the
-    thinking (``thought``) until it slips (``solution_slip_rate``), then computes every step from
-    its own previous result, as it already does for the steps the thinking did not reach."""
-    written, value = [], start
-    departed = False
+    """The results the final solution writes. ``kept`` holds the thinking's results for its first
+    ``think_steps`` steps and, past them, the steps the solution computes from them. The solution
+    copies the thinking until it slips (``solution_slip_rate``), then computes every step from its
+    own previous result."""
+    written, value, departed = [], start, False
     for i, (op, operand) in enumerate(steps):
-        if i < think_steps and not departed:
-            value = thought[i]
-            if rng.random() < cfg.solution_slip_rate:
-                value, departed = _wrong_residue(rng, value, cfg.modulus), True
-        elif departed:
+        if departed:
             value = teacher_step(value, op, operand, cfg, rng, wrong)
         else:
-            value = thought[i]  # a step the thinking did not reach, already computed from value
+            value = kept[i]
+            if i < think_steps and rng.random() < cfg.solution_slip_rate:
+                value, departed = _wrong_residue(rng, value, cfg.modulus), True
         written.append(value)
     return written
 

@@ -432,7 +432,7 @@ class Studies:
     localisation_traces: int = field(default=400, metadata=at_least(2))
     """Traces of the blame-localisation study (synthetic task only), a set of their own: it needs no
     rollouts, so it can afford enough wrong traces for a tight interval (the default's 400 held-out
-    problems give about 140 thinking culprits; the 96 analysis traces gave 32)."""
+    problems give about 150 thinking culprits; the 96 analysis traces gave 32)."""
     seed: int = field(default=0, metadata=at_least(0))
     """Seed of trace sampling, rollouts and bootstraps."""
     temperature: float = field(default=1.0, metadata=at_least(0, exclusive=True))
