@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,55 @@ def test_paired_table_against_the_first_arm(tmp_path):
     assert sampled["diff"] == pytest.approx(0.5) and sampled["diff_low"] == sampled["diff_high"] == 0.5
     # GRPO ends at 0.375; the oracle's mean curve is past it at step 10.
     assert greedy["steps_to_reference"] == 10 and greedy["steps_low"] == greedy["steps_high"] == 10
+
+
+def test_paired_curves_subtract_the_reference_of_the_same_seed_and_step():
+    import polars as pl
+
+    from rredcot.stages.report import paired_curves
+
+    curve = pl.DataFrame(
+        {
+            "arm": ["grpo"] * 4 + ["oracle"] * 5,
+            "seed": [0, 0, 1, 1, 0, 0, 1, 1, 2],
+            "step": [0, 10, 0, 10, 0, 10, 0, 10, 0],
+            "greedy": [0.5, 0.6, 0.4, 0.5, 0.5, 0.7, 0.4, 0.4, 0.9],
+            "sampled": [0.2, 0.3, 0.1, 0.2, 0.2, 0.5, 0.1, 0.25, 0.9],
+        }
+    )
+    diff = paired_curves(curve, "grpo")
+    assert diff["arm"].to_list() == ["oracle"] * 4  # seed 2 has no GRPO run to pair with
+    assert diff["seed"].to_list() == [0, 0, 1, 1] and diff["step"].to_list() == [0, 10, 0, 10]
+    assert diff["greedy"].to_list() == pytest.approx([0.0, 0.1, 0.0, -0.1])
+    assert diff["sampled"].to_list() == pytest.approx([0.0, 0.2, 0.0, 0.05])
+
+
+def test_learning_curve_figure_adds_the_paired_panel_with_a_second_arm(tmp_path):
+    from PIL import Image
+
+    from rredcot.stages.report import plot_curves
+
+    curves = []
+    for seed in (0, 1):
+        curve = tmp_path / f"curve{seed}.csv"
+        lines = ["arm,seed,step,greedy,sampled"]
+        for arm, gain in (("grpo", 0.1), ("oracle", 0.2)):
+            lines += [f"{arm},{seed},{t},0.5,{0.3 + gain * t / 10 + 0.01 * seed}" for t in (0, 10, 20)]
+        curve.write_text("\n".join(lines) + "\n")
+        curves.append(str(curve))
+    widths = {}
+    for arms in (["grpo"], ["grpo", "oracle"]):
+        cfg = load_config("config/config.yaml", {"run_arms": arms, "studies": {"bootstrap": 50}})
+        out = tmp_path / f"curve_{len(arms)}.png"
+        plot_curves(cfg, curves if len(arms) == 2 else [_only(c, "grpo") for c in curves], out)
+        widths[len(arms)] = Image.open(out).size[0]
+        assert out.with_suffix(".pdf").exists()
+    assert widths[2] > 1.3 * widths[1]  # three panels against two
+
+
+def _only(path: str, arm: str) -> str:
+    """A copy of a curve file with one arm's rows."""
+    header, *rows = Path(path).read_text().splitlines()
+    out = Path(f"{path}.{arm}.csv")
+    out.write_text("\n".join([header, *(row for row in rows if row.startswith(f"{arm},"))]) + "\n")
+    return str(out)

@@ -6,7 +6,9 @@ deviation over seeds plus the number of seeds (the paper's Table 1 shape, with s
 final accuracy differences and the steps to reach the first arm's final accuracy, with bootstrap
 intervals (``rredcot.infra.stats``).
 ``curve``: held-out accuracy (greedy and sampled panels) vs RL step, one line per arm, seeds as a
-band (95% bootstrap interval of the mean over seeds).
+band (95% bootstrap interval of the mean over seeds), and a third panel with each arm's sampled
+accuracy minus the first arm's, paired by seed and step (the band: the same interval over the
+per-seed differences, which leave out what the arms of one seed share).
 
 CLI: ``rredcot report --config C --summaries S1.json ... --curves c1.csv ... --table table1.csv
 [--paired paired.csv] --figure learning_curve.png``.
@@ -173,20 +175,41 @@ def paired_table(cfg: Mapping[str, Any], summaries: Sequence[str], curves: Seque
     return pl.DataFrame(rows, schema=schema)
 
 
+def paired_curves(curve: pl.DataFrame, reference: str) -> pl.DataFrame:
+    """Each other arm's learning curve minus ``reference``'s of the same seed and step (columns
+    arm, seed, step, greedy, sampled); a (seed, step) the reference lacks is left out."""
+    ref = curve.filter(pl.col("arm") == reference).select(
+        "seed", "step", pl.col("greedy").alias("_greedy"), pl.col("sampled").alias("_sampled")
+    )
+    return (
+        curve.filter(pl.col("arm") != reference)
+        .join(ref, on=["seed", "step"], how="inner")
+        .select(
+            "arm",
+            "seed",
+            "step",
+            (pl.col("greedy") - pl.col("_greedy")).alias("greedy"),
+            (pl.col("sampled") - pl.col("_sampled")).alias("sampled"),
+        )
+        .sort("arm", "seed", "step")
+    )
+
+
 def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) -> None:
-    """Learning curves as PNG (and PDF beside it), seeds drawn as a mean +- sd band."""
+    """Learning curves as PNG (and PDF beside it): accuracy per arm with a 95% bootstrap band over
+    seeds, and (with two arms or more) the paired difference to the first arm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    df = pl.concat([pl.read_csv(c) for c in curves])
-    df = df.with_columns(
-        pl.col("arm")
-        .replace_strict({a: arm_label(cfg, a) for a in cfg["arms"]}, default=pl.col("arm"))
-        .alias("method")
-    )
+    labels = {a: arm_label(cfg, a) for a in cfg["arms"]}
+    raw = pl.concat([pl.read_csv(c) for c in curves])
+    reference = active_arms(cfg)[0]
+    method = pl.col("arm").replace_strict(labels, default=pl.col("arm")).alias("method")
+    df = raw.with_columns(method)
+    diff = paired_curves(raw, reference).with_columns(method).to_pandas()
     n_seeds = df["seed"].n_unique()
     long = df.unpivot(
         index=["method", "seed", "step"],
@@ -198,26 +221,47 @@ def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) 
     present = set(long["method"])
     order = [m for m in dict.fromkeys(arm_label(cfg, a) for a in active_arms(cfg)) if m in present]
     order += sorted(present - set(order))
-    fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.6), sharex=True)
+    # One colour per method in every panel (the difference panel has no line for the reference).
+    palette = dict(zip(order, sns.color_palette(n_colors=len(order)), strict=True))
+    panels = 3 if len(diff) else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.25 * panels, 3.6), sharex=True)
     k, temp = cfg["eval"]["n_samples"], cfg["eval"]["temperature"]
     titles = {"greedy": "greedy decoding", "sampled": f"sampled (mean of {k} at T={temp})"}
-    for ax, (decoding, title) in zip(axes, titles.items(), strict=True):
+    band = {"errorbar": ("ci", 95), "n_boot": cfg["studies"]["bootstrap"], "seed": cfg["studies"]["seed"]}
+    for ax, (decoding, title) in zip(axes, titles.items(), strict=False):
         sns.lineplot(
             data=long[long["decoding"] == decoding],
             x="step",
             y="accuracy",
             hue="method",
             hue_order=order,
-            errorbar=("ci", 95),
-            n_boot=cfg["studies"]["bootstrap"],
-            seed=cfg["studies"]["seed"],
+            palette=palette,
             marker="o",
             ax=ax,
             legend=ax is axes[0],
+            **band,
         )
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("RL step")
         ax.set_ylabel("held-out accuracy")
+    if panels == 3:
+        ax = axes[2]
+        sns.lineplot(
+            data=diff,
+            x="step",
+            y="sampled",
+            hue="method",
+            hue_order=[m for m in order if m in set(diff["method"])],
+            palette=palette,
+            marker="o",
+            ax=ax,
+            legend=False,
+            **band,
+        )
+        ax.axhline(0.0, color="0.3", linewidth=0.8, linestyle="--")
+        ax.set_title(f"sampled, minus {labels.get(reference, reference)} (paired by seed)", fontsize=9)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("accuracy difference")
     n_probe = cfg["rl"]["eval_problems"]
     fig.suptitle(
         f"Learning curves: {n_probe} held-out problems, {n_seeds} seeds per method "
