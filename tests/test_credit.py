@@ -21,6 +21,7 @@ from rredcot.method.credit import (
     token_entropies,
     token_multiplier,
     token_sigma,
+    value_rewards,
 )
 
 FAST = settings(max_examples=200, deadline=None)
@@ -91,6 +92,64 @@ def test_segment_rewards_differences_and_inf() -> None:
 def test_segment_rewards_batched() -> None:
     log_values = torch.tensor([[0.0, 1.0, 3.0], [2.0, 2.0, 0.0]])
     torch.testing.assert_close(segment_rewards(log_values), torch.tensor([[1.0, 2.0], [0.0, -2.0]]))
+
+
+def test_value_rewards_linear_are_value_changes_over_the_largest_value() -> None:
+    log_values = torch.tensor([0.5, 0.4, 0.1], dtype=torch.float64).log()
+    torch.testing.assert_close(value_rewards(log_values), torch.tensor([-0.2, -0.6], dtype=torch.float64))
+    # The answer segment: the value after the model's own final solution is the exit's value times
+    # the ratio, here 0.1 -> 0.05.
+    with_answer = value_rewards(log_values, "linear", math.log(0.5))
+    torch.testing.assert_close(with_answer, torch.tensor([-0.2, -0.6, -0.1], dtype=torch.float64))
+    # Values far below float range keep their ratios; zero values are finite and differ by 0.
+    tiny = value_rewards(
+        torch.tensor([-900.0, -900.0 + math.log(0.25), -math.inf, -math.inf], dtype=torch.float64)
+    )
+    torch.testing.assert_close(tiny, torch.tensor([-0.75, -0.25, 0.0], dtype=torch.float64))
+    assert value_rewards(torch.full((3,), -math.inf)).abs().sum().item() == 0.0
+    with pytest.raises(ValueError, match="value space"):
+        value_rewards(log_values, "logit")
+
+
+def test_value_rewards_log_are_segment_rewards_and_the_answer_ratio() -> None:
+    log_values = torch.tensor([-5.0, -3.0, -math.inf, -1.0], dtype=torch.float64)
+    assert torch.equal(value_rewards(log_values, "log"), segment_rewards(log_values))
+    assert value_rewards(log_values, "log", -2.5).tolist() == [*segment_rewards(log_values).tolist(), -2.5]
+
+
+@FAST
+@given(
+    st.lists(st.floats(-2000.0, 0.0), min_size=1, max_size=12),
+    st.one_of(st.none(), st.floats(-50.0, 50.0)),
+)
+def test_value_rewards_linear_properties(log_values: list[float], ratio: float | None) -> None:
+    """Linear rewards are finite, in [-1, 1], have the sign of the log rewards, and telescope to the
+    change of value from the first exit to the last (in units of the largest value)."""
+    linear = value_rewards(torch.tensor(log_values, dtype=torch.float64), "linear", ratio)
+    log = value_rewards(torch.tensor(log_values, dtype=torch.float64), "log", ratio)
+    assert linear.shape == log.shape and torch.isfinite(linear).all()
+    assert (linear.abs() <= 1.0 + 1e-12).all()
+    assert ((linear > 0) <= (log > 0)).all() and ((linear < 0) <= (log < 0)).all()
+    tail = [log_values[-1] + ratio] if ratio is not None else []
+    ext = torch.tensor([*log_values, *tail], dtype=torch.float64)
+    v = (ext - ext.max()).exp()
+    assert linear.sum().item() == pytest.approx((v[-1] - v[0]).item(), abs=1e-9)
+
+
+def test_linear_blame_stays_on_the_step_that_lost_the_value() -> None:
+    """A value that keeps falling after the step that went wrong (a reference solution scored against
+    a trace that copies each later wrong value): log rewards blame the later, larger drop in nats,
+    linear ones the step where the value was lost (log v̂ of a measured trace; the culprit is
+    segment 1)."""
+    log_values = torch.tensor([-3.97, -1.55, -14.67, -31.11, -36.97], dtype=torch.float64)
+    ids = torch.repeat_interleave(torch.arange(4), 5)
+
+    def top_blamed(space: str) -> int:
+        mult = token_multiplier(ids, value_rewards(log_values, space), -1.0, mix=1.0)
+        return int(ids[mult.argmax()])
+
+    assert top_blamed("log") == 2
+    assert top_blamed("linear") == 1
 
 
 # --------------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ OTHER = {
     "value_model": "reference",
     "scorer": "naive",
     "answer_baseline": "reference",
+    "value_space": "log",
     "budget": ScoringBudget(max_batch_tokens=512),
     "mc": MonteCarloSettings(samples=7, max_new_tokens=5, batch_size=3),
     "view_every": 3,
@@ -76,3 +77,5 @@ def test_settings_a_method_does_not_read_leave_its_credit_alone(setup, method: s
         assert not torch.allclose(_sigma(setup, method, {"mix": 1.0}), before)
     else:
         assert C.credit_method(method).uniform and torch.equal(before, torch.ones_like(before))
+    if "value_space" in read:  # the wrong trace loses value in more than one segment
+        assert not torch.allclose(_sigma(setup, method, {"value_space": "log"}), before)

@@ -80,6 +80,12 @@ class CreditSettings:
     """What the answer segment's own final solution is compared with at the model's exit: ``greedy``
     (the solution the value model itself would write there, decoded greedily) or ``reference`` (the
     reference solution, no decoding). See ``answer_baseline.py``."""
+    value_space: Literal["linear", "log"] = "linear"
+    """How a segment's reward is read off the values at its two exit points, for RREDCoT and Monte
+    Carlo credit alike: ``linear``, the change of value (expected utility) across it, as the
+    redistribution theory has it; ``log``, the change of log value. On the synthetic task a wrong
+    trace's culprit step got the largest blame in 94% of the traces with ``linear`` and in 54% with
+    ``log`` (docs/METHOD-NOTES.md, "Value differences: linear or log")."""
     budget: ScoringBudget = field(default_factory=ScoringBudget)
     """Memory bounds of the scoring passes."""
     mc: MonteCarloSettings = field(default_factory=MonteCarloSettings)
@@ -103,9 +109,9 @@ class CreditSettings:
         if method.segment_rewards is not None:
             names.append("segmentation")
         if method.needs_rollouts:
-            names.append("mc")
+            names += ["mc", "value_space"]
         if method.needs_exit_values:
-            names += ["group_pairs", "proposal", "value_model", "scorer", "answer_baseline"]
+            names += ["group_pairs", "proposal", "value_model", "scorer", "answer_baseline", "value_space"]
         return tuple(names)
 
     def __post_init__(self) -> None:
@@ -114,6 +120,7 @@ class CreditSettings:
             "value_model": ("policy", "reference"),
             "scorer": ("single_pass", "naive"),
             "answer_baseline": ("greedy", "reference"),
+            "value_space": C.VALUE_SPACES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -169,8 +176,12 @@ class TraceCredit:
     log_p_solution: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [n_cuts, N]
     log_p_answer: torch.Tensor = field(default_factory=lambda: torch.empty(0))
     entropies: torch.Tensor = field(default_factory=lambda: torch.empty(0))
-    answer_reward: float | None = None  # r̂ of the answer segment after the model's own exit
+    # The answer segment after the model's own exit: log of the value after the model's own final
+    # solution over the value at the exit (its reward in log space).
+    answer_reward: float | None = None
     baseline_solution: list[int] | None = None  # greedy solution at the exit (answer_baseline greedy)
+    # r̂ per segment as σ used them (value_space), the answer segment's last; empty for uniform credit.
+    segment_rewards: torch.Tensor = field(default_factory=lambda: torch.empty(0))
 
 
 @dataclass
@@ -382,7 +393,9 @@ class CreditAssigner:
         ids = S.segment_ids_from_starts(starts, n)
         mult = self.cfg.kind.multiplier(n, item.advantage, self.cfg.mix, ids, rewards)
         answer_reward = float(rewards[-1]) if answer_at is not None and answer_at < n else None
-        return TraceCredit(mult, starts, entropies=entropies, answer_reward=answer_reward)
+        return TraceCredit(
+            mult, starts, entropies=entropies, answer_reward=answer_reward, segment_rewards=rewards
+        )
 
     def _mc_credit(
         self,
@@ -395,12 +408,12 @@ class CreditAssigner:
     ) -> TraceCredit:
         """Monte Carlo values at RREDCoT's exit points, through RREDCoT's segment-reward-to-σ mapping.
 
-        The thinking segments earn ``log v̂(cut_{k+1}) - log v̂(cut_k)``; the answer segment after the
-        model's own exit earns the trace's own outcome against the value at that exit (the outcome
-        counted as ``samples`` equal rollouts, so both sides carry the same smoothing)."""
+        The thinking segments earn the change of value from ``cut_k`` to ``cut_{k+1}``
+        (``value_space``); the answer segment after the model's own exit earns the trace's own
+        outcome against the value at that exit (the outcome counted as ``samples`` equal rollouts,
+        so both sides carry the same smoothing)."""
         n, m = len(item.completion_ids), self.cfg.mc.samples
         log_v = C.mc_log_values(sums, m)
-        rewards = C.segment_rewards(log_v)
         answer_reward = None
         if answer_at is not None and answer_at < n:
             if item.outcome is None or not 0.0 <= item.outcome <= 1.0:
@@ -409,10 +422,18 @@ class CreditAssigner:
                 )
             answer_reward = float(C.mc_log_values([item.outcome * m], m)[0] - log_v[-1])
             starts = [*starts, answer_at]
-            rewards = torch.cat([rewards, rewards.new_tensor([answer_reward])])
+        rewards = C.value_rewards(log_v, self.cfg.value_space, answer_reward)
         ids = S.segment_ids_from_starts(starts, n)
         mult = self.cfg.kind.multiplier(n, item.advantage, self.cfg.mix, ids, rewards)
-        return TraceCredit(mult, starts, cuts, log_v, entropies=entropies, answer_reward=answer_reward)
+        return TraceCredit(
+            mult,
+            starts,
+            cuts,
+            log_v,
+            entropies=entropies,
+            answer_reward=answer_reward,
+            segment_rewards=rewards,
+        )
 
     def _greedy_baselines(
         self,
@@ -529,7 +550,6 @@ class CreditAssigner:
     ) -> TraceCredit:
         n = len(item.completion_ids)
         log_v = C.exit_log_values(scores.log_p_solution, scores.log_p_answer, item.log_q, item.utility)
-        rewards = C.segment_rewards(log_v)
         answer_reward = None
         if answer_at is not None and answer_at < n:
             # The answer segment's reward compares how well the model's own final solution and a
@@ -546,7 +566,7 @@ class CreditAssigner:
             else:
                 answer_reward = float(scores.log_p_own_answer) - baseline.log_p_answer
             answer_reward = max(answer_reward, C.LOG_VALUE_FLOOR)
-            rewards = torch.cat([rewards, rewards.new_tensor([answer_reward])])
+        rewards = C.value_rewards(log_v, self.cfg.value_space, answer_reward)
         ids = S.segment_ids_from_starts(starts, n)
         ents = scores.entropies if self.cfg.kind.token_weights == "entropy" else None
         mult = self.cfg.kind.multiplier(n, item.advantage, self.cfg.mix, ids, rewards, ents)
@@ -560,6 +580,7 @@ class CreditAssigner:
             scores.entropies,
             answer_reward,
             baseline.solution if baseline is not None else None,
+            rewards,
         )
 
 

@@ -13,11 +13,12 @@ For K segments with start indices ``b_0 = 0 < b_1 < … < b_{K-1}`` in a complet
 K+1 exit points are the cut positions ``[b_0, b_1, …, b_{K-1}, L]`` (``exit_cuts``): exit 0 lies right
 after the prompt (before any thinking), the last one after the whole completion. The model "exits"
 at cut c by reading ``completion[:c]`` followed by the exit string. Segment k spans tokens
-``[cut_k, cut_{k+1})`` and earns ``r̂_k = log v̂(cut_{k+1}) - log v̂(cut_k)``.
+``[cut_k, cut_{k+1})`` and earns the change of value across it (``value_rewards``): ``r̂_k = (v̂(cut_{k+1})
+- v̂(cut_k)) / max_j v̂(cut_j)`` (``linear``, the default) or ``log v̂(cut_{k+1}) - log v̂(cut_k)``
+(``log``).
 
-Values are handled in log space throughout: the probability of a whole reference solution is far
-below float range, but differences of log values are well behaved. Nothing here needs gradients;
-every public function runs under ``torch.no_grad``.
+Values are carried in log space: the probability of a whole reference solution is far below float
+range. Nothing here needs gradients; every public function runs under ``torch.no_grad``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from torch import Tensor
 # ±inf or NaN (-inf - -inf). Two such exit points in a row then differ by exactly 0.
 LOG_VALUE_FLOOR: float = -1.0e4
 
-# A trace whose total signed credit Σ g_k (in nats) is at most this has nothing to redistribute.
+# A trace whose total signed credit Σ g_k (in its rewards' units) is at most this has nothing to
+# redistribute.
 MIN_TOTAL_CREDIT: float = 1.0e-8
 
 
@@ -95,6 +97,44 @@ def segment_rewards(log_values: Tensor) -> Tensor:
     if log_values.dim() == 0 or log_values.shape[-1] < 1:
         raise ValueError("need at least one exit point along the last dimension")
     return torch.diff(log_values.clamp_min(LOG_VALUE_FLOOR), dim=-1)
+
+
+VALUE_SPACES = ("linear", "log")
+
+
+@torch.no_grad()
+def value_rewards(log_values: Tensor, space: str = "linear", answer_log_ratio: float | None = None) -> Tensor:
+    """Segment rewards from K+1 exit-point log values, plus the answer segment's when
+    ``answer_log_ratio`` (log of the value after the model's own final solution over the value at
+    its exit) is given: K or K+1 rewards (float64).
+
+    ``linear``: ``r̂_k = (v̂_{k+1} - v̂_k) / max_j v̂_j``, the change of expected utility that the
+    redistribution theory gives each segment, scaled by the trace's largest value so that it stays
+    in float range and in [-1, 1] (σ normalises each trace's rewards, so the scale cancels). A wrong
+    trace's blame then goes where most of its value was lost: once a prefix has lost nearly all of
+    it, later drops, however many nats, move little.
+    ``log``: ``r̂_k = log v̂_{k+1} - log v̂_k`` (``segment_rewards``), the answer's log ratio as it
+    is; every halving of the value weighs the same wherever it happens, so an estimate that keeps
+    falling after the step that went wrong (a reference solution scored against a trace that
+    copies every later wrong value) spreads the blame past that step
+    (docs/METHOD-NOTES.md, "Value differences: linear or log").
+    """
+    if space not in VALUE_SPACES:
+        raise ValueError(f"value space must be one of {VALUE_SPACES}, got {space!r}")
+    log_values = torch.as_tensor(log_values, dtype=torch.float64)
+    if space == "log":
+        rewards = segment_rewards(log_values)
+        if answer_log_ratio is None:
+            return rewards
+        return torch.cat([rewards, rewards.new_tensor([answer_log_ratio])])
+    if log_values.isnan().any() or (answer_log_ratio is not None and math.isnan(answer_log_ratio)):
+        raise ValueError("log values contain NaN")
+    if log_values.dim() != 1 or log_values.numel() < 1:
+        raise ValueError("need the log values of one trace's exit points (one dimension, at least one)")
+    if answer_log_ratio is not None:
+        log_values = torch.cat([log_values, log_values[-1:] + answer_log_ratio])
+    log_values = log_values.clamp_min(LOG_VALUE_FLOOR)
+    return torch.diff((log_values - log_values.max()).exp())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -379,7 +419,8 @@ def mc_log_values(outcome_sums: Tensor | list[float], samples: int) -> Tensor:
     **[decision]** The plain mean ``Σ r / M`` is 0 wherever no rollout succeeds, and a log value of
     -inf turns every drop to 0 into the whole trace's blame, however few rollouts saw it. The
     posterior mean under a uniform prior (Laplace's rule) keeps every value inside (0, 1), so a
-    segment's reward ``log v̂(k+1) - log v̂(k)`` is finite and grows with the evidence behind it. A
+    segment's reward (``value_rewards``, in either space) is finite and grows with the evidence
+    behind it. A
     trace's known outcome enters as the same estimate with every rollout equal to it.
     """
     if samples < 1:

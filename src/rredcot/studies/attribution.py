@@ -11,7 +11,8 @@ pair ``(u_ref, y_ref)`` and the config's exit/answer strings, the full sequence 
 
 (the last exit point of the RREDCoT scorer). Per segment k:
 
-- ``rredcot``: r̂_k = log v̂(exit k+1) − log v̂(exit k), read from the traces file.
+- ``rredcot``: r̂_k, the segment reward σ was computed from (``credit.value_space``: the change of
+  value or of log value from exit k to exit k+1), read from the traces file.
 - ``loo`` (leave-one-out): the same sequence with segment k cut out,
   ``D_k = prompt ⊕ completion[:c_k] ⊕ completion[c_{k+1}:e] ⊕ exit ⊕ u_ref ⊕ …``, and
   ``loo_k = log p(y_ref | u_ref, F) − log p(y_ref | u_ref, D_k)``: how much the reference answer's

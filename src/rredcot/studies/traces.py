@@ -20,8 +20,9 @@ One JSON line per trace (the shared input of every study; all token indices are 
     cuts             the exit points: segment starts of the thinking part, then the model's own exit
                      (or the end of the trace when it never exits); len(cuts) = len(log_values)
     log_values       log v̂ at each cut; thought_nll, answer_nll: -log p(u_ref|s), -log p(y_ref|u_ref,s)
-    answer_reward    r̂ of the answer segment (null without one)
-    segment_rewards  r̂ per segment: the log-value differences, then answer_reward when present
+    answer_reward    the answer segment's log value ratio (own final solution over the value
+                     at the exit; null without one)
+    segment_rewards  r̂ per segment as σ used them (credit.value_space), the answer segment's last
     sigma, entropies per completion token (σ sums to 1)
 """
 
@@ -46,7 +47,6 @@ from rredcot.infra.logs import setup_logging
 from rredcot.lm.evaluation import benchmark_of, load_benchmarks
 from rredcot.lm.generation import Completion, HFGenerator, sample_seed
 from rredcot.lm.modeling import load_model, load_tokenizer, set_threads
-from rredcot.method import credit as C
 from rredcot.method.assign import CreditAssigner, CreditConfig, TraceCredit, TraceInput, credit_record
 from rredcot.method.segmentation import thinking_end
 from rredcot.settings.reads import stage_config
@@ -112,9 +112,7 @@ def trace_record(
         advantage,
         baseline_text=assigner.baseline_text(credit),
     )
-    rewards = C.segment_rewards(credit.log_values).tolist() if credit.log_values.numel() else []
-    if credit.answer_reward is not None:
-        rewards.append(credit.answer_reward)
+    rewards = credit.segment_rewards.tolist()
     return {
         "trace_id": base["trace_id"],
         "problem_id": str(row["id"]),

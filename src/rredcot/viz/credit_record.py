@@ -17,8 +17,10 @@ Input is one *credit record* per trace, a JSON-serialisable dict::
     log_values      list[float | None]  log v̂ per cut (None where v̂ = 0, i.e. log v̂ = -inf)
     thought_nll, answer_nll             optional, list[float | None] per cut
     entropies                           optional, list[float] per token (bits)
-    answer_reward                       optional float: r̂ of the answer segment after the model's
-                                        own exit (the last segment when ``cuts`` end at its start)
+    answer_reward                       optional float: Δ log v̂ of the answer segment after the
+                                        model's own exit (log of the value after its own final
+                                        solution over the value at the exit; the last segment when
+                                        ``cuts`` end at its start)
     answer_baseline                     optional str: the final solution the answer segment was
                                         judged against (the model's greedy one at its exit)
 
