@@ -13,9 +13,9 @@ For K segments with start indices ``b_0 = 0 < b_1 < … < b_{K-1}`` in a complet
 K+1 exit points are the cut positions ``[b_0, b_1, …, b_{K-1}, L]`` (``exit_cuts``): exit 0 lies right
 after the prompt (before any thinking), the last one after the whole completion. The model "exits"
 at cut c by reading ``completion[:c]`` followed by the exit string. Segment k spans tokens
-``[cut_k, cut_{k+1})`` and earns the change of value across it (``value_rewards``): ``r̂_k = (v̂(cut_{k+1})
-- v̂(cut_k)) / max_j v̂(cut_j)`` (``linear``, the default) or ``log v̂(cut_{k+1}) - log v̂(cut_k)``
-(``log``).
+``[cut_k, cut_{k+1})`` and earns the change of value across it (``value_rewards``):
+``r̂_k = (v̂(cut_{k+1}) - v̂(cut_k)) / max_j v̂(cut_j)`` (``linear``, the default) or
+``r̂_k = log v̂(cut_{k+1}) - log v̂(cut_k)`` (``log``).
 
 Values are carried in log space: the probability of a whole reference solution is far below float
 range. Nothing here needs gradients; every public function runs under ``torch.no_grad``.
@@ -420,8 +420,7 @@ def mc_log_values(outcome_sums: Tensor | list[float], samples: int) -> Tensor:
     -inf turns every drop to 0 into the whole trace's blame, however few rollouts saw it. The
     posterior mean under a uniform prior (Laplace's rule) keeps every value inside (0, 1), so a
     segment's reward (``value_rewards``, in either space) is finite and grows with the evidence
-    behind it. A
-    trace's known outcome enters as the same estimate with every rollout equal to it.
+    behind it. A trace's known outcome enters as the same estimate with every rollout equal to it.
     """
     if samples < 1:
         raise ValueError("need at least one rollout per exit point")
