@@ -494,8 +494,9 @@ class ExperimentConfig:
     """Folder for all outputs (data, models, tables, figures, logs, the sqlite MLflow store)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4, 5])
     """RL seeds; every arm is trained once per seed. Six, because that is what the default needs to
-    resolve the oracle against GRPO (+0.019, interval [+0.004, +0.035] over six seeds, with paired
-    sampling; seeds 0-2 alone gave [-0.004, +0.028]: docs/METHOD-NOTES.md, "Paired arms")."""
+    resolve the oracle against GRPO (+0.019, interval [+0.005, +0.032] over six seeds, with paired
+    sampling; three seeds resolve an effect of this size about half of the time:
+    docs/METHOD-NOTES.md, "Paired arms")."""
     threads: Threads = field(default_factory=Threads)
     """Torch CPU threads per job."""
     arms: dict[str, Arm] = field(default_factory=_default_arms)
