@@ -3,9 +3,9 @@
 For each (``sft.seed``, ``threads.sft``) pair the workflow runs the SFT job and the base model's
 evaluation (greedy and sampled avg@4 on the held-out split) in a results folder of its own, with the
 config files given plus an override of those two keys. The table prints as each run ends; the whole
-matrix also goes to ``<out>/sft-seeds.csv``. A converged start scores about 0.9 or more greedy; one
-that copies and formats but has not learnt the arithmetic 0.2-0.6 (docs/METHOD-NOTES.md, "SFT
-convergence").
+matrix also goes to ``<out>/sft-seeds.csv``. A converged start scores 0.85-1.0 greedy (chance is
+0.1); one that copies and formats but has not learnt the arithmetic 0.2-0.6 (docs/METHOD-NOTES.md,
+"SFT convergence").
 
     python scripts/sft-seeds.py --seeds 0 1 2 --threads 1 2           # six SFT runs, one at a time
     python scripts/sft-seeds.py --seeds 1 2 --threads 1 --parallel 2   # two one-thread runs side by side

@@ -206,8 +206,8 @@ class Sft:
     """Examples per optimizer step."""
     learning_rate: float = field(default=5e-4, metadata=at_least(0, exclusive=True))
     """Peak learning rate (cosine schedule). At 1e-3 the synthetic task's SFT converged for some
-    sft.seed values and not others, and higher rates converged for none; at 5e-4 it converged for
-    every seed tried, and faster (docs/METHOD-NOTES.md, "SFT convergence")."""
+    sft.seed values and not others, and in a GPU sweep higher rates converged for none; at 5e-4 it
+    converged for every seed tried, and faster (docs/METHOD-NOTES.md, "SFT convergence")."""
     warmup_steps: int = field(default=100, metadata=at_least(0))
     """Linear warm-up steps."""
     weight_decay: float = field(default=0.0, metadata=at_least(0))
