@@ -40,7 +40,7 @@ def run_pair(seed: int, threads: int, configs: list[str], out: Path) -> dict:
                 "experiment": "sft-seeds",
                 "seeds": [0],
                 "sft": {"seed": seed},
-                "threads": {"sft": threads, "eval": min(threads, 2)},
+                "threads": {"sft": threads},
             }
         )
     )
