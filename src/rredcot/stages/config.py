@@ -73,7 +73,7 @@ def render_yaml() -> str:
     head = [
         "# The embedded default: the whole pipeline on a 2-core CPU with no downloads. A synthetic",
         "# multi-step arithmetic task, a tokenizer and a small Qwen2 model trained locally, credit arms",
-        "# over six seeds. Written by `rredcot config --write` from the settings tree",
+        "# over four seeds. Written by `rredcot config --write` from the settings tree",
         "# (src/rredcot/settings/config.py and the method's own config classes): edit those, not this file.",
         "# Other config files override it key by key; every key is documented in config/README.md.",
         "",
