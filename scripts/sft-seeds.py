@@ -10,7 +10,7 @@ matrix also goes to ``<out>/sft-seeds.csv``. A converged start scores 0.85-1.0 g
     python scripts/sft-seeds.py --seeds 0 1 2 --threads 1 2           # six SFT runs, one at a time
     python scripts/sft-seeds.py --seeds 1 2 --threads 1 --parallel 2   # two one-thread runs side by side
 
-Each run takes as long as the default's SFT (about 9 minutes on two threads of a 2-core machine);
+Each run takes as long as the default's SFT (about 7 minutes on two threads of a 2-core machine);
 a finished pair is not run again (snakemake finds its outputs), so an interrupted matrix resumes.
 """
 

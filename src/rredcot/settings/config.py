@@ -316,8 +316,8 @@ class Rl:
 
     max_steps: int = field(default=20, metadata=at_least(1))
     """Optimizer steps. On the default, perfect blame pulls ahead of GRPO early and GRPO narrows the
-    gap later (docs/METHOD-NOTES.md, "Does credit matter on the default?"), so 20 steps show the
-    credit arms as well as 40 did, at half the cost."""
+    gap later: after 20 steps the oracle leads by +0.021 in sampled accuracy, after 40 (from an
+    SFT model of MLP 768) by +0.019 (docs/METHOD-NOTES.md, "Does credit matter on the default?")."""
     learning_rate: float = field(default=1e-4, metadata=at_least(0, exclusive=True))
     """Peak learning rate."""
     prompts_per_step: int = field(default=8, metadata=at_least(1))
