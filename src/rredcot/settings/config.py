@@ -499,7 +499,7 @@ class ExperimentConfig:
     """Folder for all outputs (data, models, tables, figures, logs, the sqlite MLflow store)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
     """RL seeds; every arm is trained once per seed. Four: in a six-seed run of the default the
-    oracle beat GRPO by +0.021 [+0.008, +0.034] with paired sampling, and every one of the 15 subsets
+    oracle beat GRPO by +0.021 [+0.008, +0.035] with paired sampling, and every one of the 15 subsets
     of four seeds resolved it (docs/METHOD-NOTES.md, "Paired arms"). More seeds narrow the
     intervals; each costs about 3 minutes of a 2-core machine."""
     threads: Threads = field(default_factory=Threads)
