@@ -500,10 +500,11 @@ class ExperimentConfig:
     results_dir: str = "results"
     """Folder for all outputs (data, models, tables, figures, logs, the sqlite MLflow store)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
-    """RL seeds; every arm is trained once per seed. Four: in a six-seed run of the default the
-    oracle beat GRPO by +0.021 [+0.008, +0.035] with paired sampling, and every one of the 15 subsets
-    of four seeds resolved it (docs/METHOD-NOTES.md, "Paired arms"). More seeds narrow the
-    intervals; each costs about 3 minutes of a 2-core machine."""
+    """RL seeds; every arm is trained once per seed. Four: on the default the oracle beats GRPO by
+    +0.019 [+0.004, +0.034] with paired sampling, and in a six-seed run from the former SFT start
+    every one of the 15 subsets of four seeds resolved it (docs/METHOD-NOTES.md, "Does credit
+    matter on the default?"). More seeds narrow the intervals; each costs about 3 minutes of a
+    2-core machine."""
     threads: Threads = field(default_factory=Threads)
     """Torch CPU threads per job."""
     arms: dict[str, Arm] = field(default_factory=_default_arms)
