@@ -56,9 +56,12 @@ def _naive(model, head, answer, prefix, suffix, stop_at, max_new, start=None):
 
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("budget", [None, ScoringBudget(max_batch_tokens=60, max_logit_elements=2 * VOCAB)])
-def test_greedy_baseline_matches_naive_decoding_and_teacher_forcing(name, seed, budget):
-    """Also under a budget that splits the rows into several groups and the logits into 2-row chunks."""
+@pytest.mark.parametrize("budget", [None, ScoringBudget(max_batch_tokens=80, max_logit_elements=2 * VOCAB)])
+@pytest.mark.parametrize("drafts", [None, "random", "right"])
+def test_greedy_baseline_matches_naive_decoding_and_teacher_forcing(name, seed, budget, drafts):
+    """Also under a budget that splits the rows into several groups and the logits into 2-row chunks,
+    and with drafts that greedy decoding never follows, or follows to the end (every step then keeps
+    several tokens): the result is greedy decoding either way."""
     model = MODELS[name]()
     rng = random.Random(seed)
     heads = [[rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 30))] for _ in range(8)]
@@ -66,14 +69,41 @@ def test_greedy_baseline_matches_naive_decoding_and_teacher_forcing(name, seed, 
     # Some solutions begin inside the head (up to 3 known tokens): those count towards the stop and
     # the length limit, and a stop may roll back into them.
     starts = [max(1, len(h) - rng.randrange(0, 4)) for h in heads]
-    prefix, suffix, max_new = [7, 8], [9], 5
+    prefix, suffix, max_new = [7, 8], [9], 9
+    stop_at = _stop_at if drafts is None else _late_stop_at
+    want = [
+        _naive(model, head, answer, prefix, suffix, stop_at, max_new, start)
+        for head, answer, start in zip(heads, answers, starts, strict=True)
+    ]
+    given = None
+    if drafts == "random":
+        given = [[rng.randrange(2, VOCAB) for _ in range(12)] for _ in heads]
+    elif drafts == "right":  # the naive greedy solution after its first decoded token
+        given = [[*_greedy_tokens(model, head, 12)[1:]] for head in heads]
     got, solutions = greedy_answer_log_probs(
-        model, heads, answers, prefix, suffix, _stop_at, [EOS], max_new, solution_starts=starts, budget=budget
+        model, heads, answers, prefix, suffix, stop_at, [EOS], max_new,
+        solution_starts=starts, budget=budget, drafts=given,
     )
-    for b, (head, answer) in enumerate(zip(heads, answers, strict=True)):
-        want, want_solution = _naive(model, head, answer, prefix, suffix, _stop_at, max_new, starts[b])
-        assert solutions[b] == want_solution
-        assert float(got[b]) == pytest.approx(want, abs=2e-4)
+    for b, (log_p, solution) in enumerate(want):
+        assert solutions[b] == solution
+        assert float(got[b]) == pytest.approx(log_p, abs=2e-4)
+
+
+def _late_stop_at(generated: list[int]) -> int | None:
+    """Like ``_stop_at``, after 5-9 tokens, so that drafts have steps to save."""
+    length = 5 + generated[0] % 5
+    if len(generated) < length:
+        return None
+    return len(generated) - 1 - generated[0] % 2
+
+
+def _greedy_tokens(model, head: list[int], n: int) -> list[int]:
+    """The first ``n`` tokens greedy decoding writes after ``head``."""
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(n):
+            out.append(int(model(torch.tensor([head + out])).logits[0, -1].argmax()))
+    return out
 
 
 def test_eos_and_length_limit_end_the_solution():

@@ -53,13 +53,13 @@ def recorded(monkeypatch):
         calls.append((ids.shape[0], cached + ids.shape[1]))
 
     model.get_decoder().register_forward_pre_hook(hook, with_kwargs=True)
-    real = F.head_logits
+    real = F.LogitHead.logits
 
-    def head(m, hidden):  # noqa: ANN001
+    def head(self, hidden):  # noqa: ANN001
         heads.append(hidden.shape[0])
-        return real(m, hidden)
+        return real(self, hidden)
 
-    monkeypatch.setattr(F, "head_logits", head)
+    monkeypatch.setattr(F.LogitHead, "logits", head)
     return model, calls, heads
 
 

@@ -33,6 +33,7 @@ OTHER = {
     "scorer": "naive",
     "answer_baseline": "reference",
     "value_space": "log",
+    "precision": "float32",
     "budget": ScoringBudget(max_batch_tokens=512),
     "mc": MonteCarloSettings(samples=7, max_new_tokens=5, batch_size=3),
     "view_every": 3,

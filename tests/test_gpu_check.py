@@ -14,13 +14,24 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     out = tmp_path / "gpu.json"
     main(["--device", "cpu", "--tiny", "--out", str(out)])
     report = json.loads(out.read_text())
-    (entry,) = report["models"].values()
-    assert [row["tokens"] for row in entry["scoring"]] == [256, 512]
-    for row in entry["scoring"]:
-        assert row["single_pass_s"] > 0 and row["ratio_to_forward"] > 0 and row["sdpa"]
-    assert 0 <= entry["sigma_bf16_vs_fp32"]["max_abs_diff_sigma_x_len"] < 1.0
-    assert [row["tokens"] for row in entry["micro_batch"]] == [256, 512]
-    steps = report["trainer_steps"]
+    assert set(report["seconds"]) == {"table2", "table1", "scoring", "graphs", "trainer"}
+    for name in ("table2", "table1"):
+        batch = report[name]
+        assert "error" not in batch, batch
+        # Credit through CreditAssigner with the recipe's settings: each pass timed.
+        assert batch["credit"]["answer_baseline"] == "greedy" and batch["credit"]["value_space"] == "linear"
+        assert batch["passes_s"]["scoring"] > 0 and batch["passes_s"]["answer_baseline"] > 0
+        assert batch["baseline_new_tokens_per_trace"] > 0  # random weights never stop early
+        assert batch["ratios"]["token_bound_(L+KA)/L"] > 1 and batch["ratios"]["scoring_over_bound"] > 0
+        assert batch["update"]["seconds"] > 0 and batch["ratios"]["credit_over_update"] > 0
+    assert report["table2"]["update"]["micro_batch"] == 8 and report["table1"]["update"]["micro_batch"] == 1
+    naive = report["table2"]["naive_subset"]
+    assert naive["max_abs_diff_log_p_answer"] < 1e-2 and naive["token_ratio"] > 1
+    (scoring,) = report["scoring"].values()
+    assert [row["tokens"] for row in scoring["rows"]] == [256, 512]
+    assert all(row["ratio_to_bound"] > 0 for row in scoring["rows"])
+    assert report["graphs"]["same_solutions"] and report["graphs"]["max_abs_diff_log_p"] == 0.0
+    steps = report["trainer"]
     assert len(steps["step_s"]) == 3 and len(steps["credit_s"]) == 3
     assert steps["master_dtype"] == "torch.float32"
 

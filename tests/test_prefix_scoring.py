@@ -173,13 +173,13 @@ def test_repeated_traces_and_shared_prefixes_are_scored_once(monkeypatch: pytest
     suffix_jobs: list = []
     run_trace, run_suffix = P._run_trace_pass, P._run_suffix_pass
 
-    def spy_trace(model, traces, rows, budget):
+    def spy_trace(model, head, traces, rows):
         trace_rows.extend(rows)
-        return run_trace(model, traces, rows, budget)
+        return run_trace(model, head, traces, rows)
 
-    def spy_suffix(model, chunk, packed, budget, flat, slot):
+    def spy_suffix(model, head, chunk, packed, flat, slot):
         suffix_jobs.extend(job for row in packed for job in row)
-        return run_suffix(model, chunk, packed, budget, flat, slot)
+        return run_suffix(model, head, chunk, packed, flat, slot)
 
     monkeypatch.setattr(P, "_run_trace_pass", spy_trace)
     monkeypatch.setattr(P, "_run_suffix_pass", spy_suffix)

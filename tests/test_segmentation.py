@@ -487,6 +487,23 @@ def test_find_text_first_last_and_from_a_start_token():
         find_text(texts, "")
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from(["", "a", "b", "ab", "\\", "box", "ed{", "{", "x\\boxed{"]), max_size=12),
+    st.sampled_from(["\\boxed{", "ab", "a", "bb{"]),
+)
+def test_find_text_at_end_finds_what_a_full_search_finds_first(texts, needle):
+    """Searched after every token, the tail search stops where the full search first succeeds."""
+    from rredcot.method.segmentation import find_text, find_text_at_end
+
+    for n in range(1, len(texts) + 1):
+        full = find_text(texts[:n], needle)
+        if full is not None:
+            assert find_text_at_end(texts[:n], needle) == full
+            return
+        assert find_text_at_end(texts[:n], needle) is None
+
+
 def test_token_at_maps_a_character_to_its_token():
     from rredcot.method.segmentation import token_at
 

@@ -173,8 +173,12 @@ class RREDCoTTrainer(GRPOTrainer):
         per_token = self._credit_multipliers(inputs, out).to(advantages.dtype)
         # Padding positions are masked out of the loss; keep the factor 1 there so nothing changes.
         out["advantages"] = advantages.unsqueeze(1) * torch.where(mask.bool(), per_token, 1.0)
-        seconds = gather_objects(self.accelerator, [time.perf_counter() - t0])
-        self._metrics["train"]["credit/seconds"].append(max(seconds))  # the step waits for the slowest
+        # The step waits for the slowest process: the maximum over processes, in all and per pass.
+        parts = gather_objects(self.accelerator, [(time.perf_counter() - t0, self.assigner.seconds)])
+        self._metrics["train"]["credit/seconds"].append(max(total for total, _ in parts))
+        for name in sorted({name for _, passes in parts for name in passes}):
+            slowest = max(passes.get(name, 0.0) for _, passes in parts)
+            self._metrics["train"][f"credit/seconds_{name}"].append(slowest)
         return out
 
     # -- credit ----------------------------------------------------------------------------------

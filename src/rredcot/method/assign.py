@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -26,6 +28,7 @@ from rredcot.method.exit_scoring import (
     completion_entropies,
     score_traces_naive,
 )
+from rredcot.method.forward import model_device
 from rredcot.method.prefix_scoring import ScoringBudget, score_traces_single_pass, supports_single_pass
 
 _log = logging.getLogger(__name__)
@@ -86,6 +89,13 @@ class CreditSettings:
     redistribution theory has it; ``log``, the change of log value. On the synthetic task a wrong
     trace's culprit step got the largest blame in 94% of the traces with ``linear`` and in 54% with
     ``log`` (docs/METHOD-NOTES.md, "Value differences: linear or log")."""
+    precision: Literal["autocast", "float32"] = "autocast"
+    """Precision of the credit passes: ``autocast``, the training run's own (bf16 autocast in the
+    paper recipes; float32 in the embedded default); ``float32``, autocast off, so that the passes
+    run in the float32 master weights. On the embedded default's SFT model, 200 sampled traces, bf16
+    changed σ·|o| by up to 0.18 (95th percentile 0.07) and kept the most-blamed segment of 99% of
+    them; float32 is exact and, on a GPU, costs several times bf16 (docs/DISTRIBUTED.md,
+    "Precision")."""
     budget: ScoringBudget = field(default_factory=ScoringBudget)
     """Memory bounds of the scoring passes."""
     mc: MonteCarloSettings = field(default_factory=MonteCarloSettings)
@@ -105,7 +115,7 @@ class CreditSettings:
         are scored against reference pairs with a value model and an answer baseline."""
         if method.uniform:
             return ()
-        names = ["mix", "budget", "view_every", "view_samples"]
+        names = ["mix", "budget", "precision", "view_every", "view_samples"]
         if method.segment_rewards is not None:
             names.append("segmentation")
         if method.needs_rollouts:
@@ -119,6 +129,7 @@ class CreditSettings:
             "proposal": ("uniform", "given"),
             "value_model": ("policy", "reference"),
             "scorer": ("single_pass", "naive"),
+            "precision": ("autocast", "float32"),
             "answer_baseline": ("greedy", "reference"),
             "value_space": C.VALUE_SPACES,
         }
@@ -215,11 +226,29 @@ class CreditAssigner:
         self._token_text: dict[int, str] = {}
         self._encoded: dict[str, list[int]] = {}
         self._warned_naive = False
+        self.seconds: dict[str, float] = {}
+        """Wall seconds of each pass of the last ``assign`` call: ``entropies``, ``scoring``,
+        ``answer_baseline``, ``rollouts`` (the ones the method ran). Every pass ends with its results
+        on the host, so on a GPU these are the device's times too."""
+
+    @contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
     def encode(self, text: str) -> list[int]:
         if text not in self._encoded:
             self._encoded[text] = self.tok(text, add_special_tokens=False)["input_ids"]
         return self._encoded[text]
+
+    def token_text(self, token: int) -> str:
+        """Decoded text of one token (cached)."""
+        if token not in self._token_text:
+            self._token_text[token] = self.tok.decode([token])
+        return self._token_text[token]
 
     def token_texts(self, ids: list[int]) -> list[str]:
         """Decoded text of each token (cached per id: decoding one by one is slow)."""
@@ -267,15 +296,29 @@ class CreditAssigner:
 
         Models are used as given (the caller puts them in eval mode); nothing needs gradients.
         """
-        cfg, budget = self.cfg, self.cfg.budget
+        self.seconds = {}
         if not items:
             return []
+        if self.cfg.precision == "float32" and not self.cfg.kind.uniform:
+            with torch.autocast(model_device(policy).type, enabled=False):
+                return self._assign(policy, items, value_model, rollouts)
+        return self._assign(policy, items, value_model, rollouts)
+
+    def _assign(
+        self,
+        policy: torch.nn.Module,
+        items: list[TraceInput],
+        value_model: torch.nn.Module | None,
+        rollouts: Rollouts | None,
+    ) -> list[TraceCredit]:
+        cfg, budget = self.cfg, self.cfg.budget
         method = cfg.kind
         if method.uniform:
             return [TraceCredit(torch.ones(len(t.completion_ids)), _one_segment(t)) for t in items]
         pairs_of = [(t.prompt_ids, t.completion_ids) for t in items]
         if method.segment_rewards is None:  # token weighting alone: one forward pass, no scoring
-            ents = completion_entropies(policy, pairs_of, budget)
+            with self._timed("entropies"):
+                ents = completion_entropies(policy, pairs_of, budget)
             return [
                 TraceCredit(
                     method.multiplier(len(t.completion_ids), t.advantage, cfg.mix, entropies=h),
@@ -292,7 +335,8 @@ class CreditAssigner:
         starts: dict[int, list[int]] = {}
 
         if method.segment_rewards == "oracle":  # RREDCoT's segments, blame from the task: no scoring
-            ents = completion_entropies(policy, pairs_of, budget)
+            with self._timed("entropies"):
+                ents = completion_entropies(policy, pairs_of, budget)
             out = []
             for j, (t, h) in enumerate(zip(items, ents, strict=True)):
                 self._segment(j, h, items, texts, ends, starts)
@@ -304,9 +348,11 @@ class CreditAssigner:
                 raise ValueError(
                     f"credit method {method.name!r} needs rollouts= (policy rollouts and rewards)"
                 )
-            ents = completion_entropies(policy, pairs_of, budget)
+            with self._timed("entropies"):
+                ents = completion_entropies(policy, pairs_of, budget)
             cuts = [self._segment(j, h, items, texts, ends, starts) for j, h in enumerate(ents)]
-            sums = rollouts(policy, items, cuts)
+            with self._timed("rollouts"):
+                sums = rollouts(policy, items, cuts)
             if len(sums) != len(items) or any(len(s) != len(c) for s, c in zip(sums, cuts, strict=True)):
                 raise ValueError("rollouts must return one outcome sum per cut of every trace")
             return [
@@ -330,15 +376,17 @@ class CreditAssigner:
         ents = None
         if value_model is not policy:
             # Segment by the policy's entropies, score with the frozen value model.
-            ents = completion_entropies(policy, pairs_of, budget)
+            with self._timed("entropies"):
+                ents = completion_entropies(policy, pairs_of, budget)
             specs = [
                 TraceExits(s.prompt_ids, s.completion_ids, cuts_for(j, ents[j]), s.pairs, s.answer_cut)
                 for j, s in enumerate(specs)
             ]
-        if self._single_pass(value_model):
-            scores = score_traces_single_pass(value_model, specs, self.strings(), budget, cuts_for)
-        else:
-            scores = score_traces_naive(value_model, specs, self.strings(), budget, cuts_for)
+        with self._timed("scoring"):
+            if self._single_pass(value_model):
+                scores = score_traces_single_pass(value_model, specs, self.strings(), budget, cuts_for)
+            else:
+                scores = score_traces_naive(value_model, specs, self.strings(), budget, cuts_for)
         if ents is not None:
             scores = [
                 TraceScores(
@@ -348,7 +396,8 @@ class CreditAssigner:
             ]
         baselines = [None] * len(items)
         if cfg.answer_baseline == "greedy":
-            baselines = self._greedy_baselines(value_model, items, texts, ends, specs, scores)
+            with self._timed("answer_baseline"):
+                baselines = self._greedy_baselines(value_model, items, texts, ends, specs, scores)
         return [
             self._trace_credit(items[j], starts[j], ends[j], sc, baselines[j]) for j, sc in enumerate(scores)
         ]
@@ -457,7 +506,14 @@ class CreditAssigner:
         eos = self.tok.eos_token_id
 
         def stop_at(solution: list[int]) -> int | None:
-            return S.find_text(self.token_texts(solution), needle)
+            # Asked after every token the solution grows by (answer_baseline._write): only the
+            # tokens the needle can span back from the last one are read.
+            first, reach = len(solution) - 1, len(needle) - 1
+            while first > 0 and reach > 0:
+                first -= 1
+                reach -= len(self.token_text(solution[first]))
+            found = S.find_text_at_end(self.token_texts(solution[first:]), needle)
+            return None if found is None else first + found
 
         starts = {
             j: _exit_end(texts[j], ends[j], exit_needle)
@@ -471,6 +527,7 @@ class CreditAssigner:
         # then is cut there and the answer forced after it.
         max_new = 2 * max(max(specs[j].answer_cut - start for j, start in starts.items()), 1) + 8
         jobs: dict[tuple[tuple[int, ...], tuple[int, ...], int], list[int]] = {}
+        drafts: dict[tuple, list[int]] = {}
         owns = {j: items[j].completion_ids[start : specs[j].answer_cut] for j, start in starts.items()}
         for j, start in starts.items():
             completion, greedy, own = items[j].completion_ids, scores[j].greedy_ids, owns[j]
@@ -487,6 +544,9 @@ class CreditAssigner:
             head = (*items[j].prompt_ids, *completion[:resume])
             key = (head, tuple(specs[j].pairs[0][1]), len(items[j].prompt_ids) + start)
             jobs.setdefault(key, []).append(j)
+            # Greedy decoding replaces the token at the departure and often writes on as the trace
+            # did: the trace's continuation is the draft the decoder checks.
+            drafts.setdefault(key, completion[resume + 1 :])
         if not jobs:
             return out
         keys = list(jobs)
@@ -501,6 +561,7 @@ class CreditAssigner:
             max_new,
             solution_starts=[k[2] for k in keys],
             budget=self.cfg.budget,
+            drafts=[drafts[k] for k in keys],
         )
         for k, lp, solution in zip(keys, log_p.tolist(), solutions, strict=True):
             for j in jobs[k]:

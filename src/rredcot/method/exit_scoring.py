@@ -22,12 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rredcot.method.forward import (
-    decoder_states,
-    entropies_and_argmax,
-    model_device,
-    token_log_probs,
-)
+from rredcot.method.forward import LogitHead, causal_states, model_device, pad_right, to_host
 
 __all__ = ["model_device"]  # re-exported: callers of this module's scorers also place inputs
 
@@ -47,12 +42,15 @@ class ScoringBudget:
     baseline: rows x (head + decoded + forced tokens))."""
     max_mask_elements: int = 1 << 26
     """Entries of one 4D attention mask (rows x queries x keys) of the suffix pass."""
-    max_logit_elements: int = 1 << 25
-    """Vocabulary logits materialised at once (positions x vocabulary size), in float32."""
+    max_logit_elements: int | None = None
+    """Vocabulary logits materialised at once (positions x vocabulary size), in float32; null: they
+    follow the free memory on a GPU (a quarter of it, so a pass reads hundreds of thousands of
+    positions in a few chunks) and are 2^25 on a CPU."""
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_mask_elements", "max_logit_elements"):
-            if getattr(self, name) < 1:
+            value = getattr(self, name)
+            if value is not None and value < 1:
                 raise ValueError(f"{name} must be positive")
 
 
@@ -202,56 +200,63 @@ def chunk_jobs(jobs: list[Job], max_batch_tokens: int) -> list[list[int]]:
     return chunks
 
 
+def spans(starts: Sequence[int], lengths: Sequence[int]) -> Tensor:
+    """The indices ``start, start + 1, ..., start + length - 1`` of every span, concatenated (long).
+
+    Built with tensor operations, not a loop over tokens: the passes index thousands of positions."""
+    length = torch.as_tensor(lengths, dtype=torch.long)
+    start = torch.as_tensor(starts, dtype=torch.long)
+    total = int(length.sum()) if length.numel() else 0
+    if total == 0:
+        return torch.zeros(0, dtype=torch.long)
+    first = torch.cumsum(length, 0) - length  # where each span begins in the output
+    which = torch.repeat_interleave(torch.arange(length.numel()), length, output_size=total)
+    return start[which] + torch.arange(total) - first[which]
+
+
 def score_jobs(
     model: torch.nn.Module,
     jobs: list[Job],
     max_batch_tokens: int,
-    max_logit_elements: int = ScoringBudget.max_logit_elements,
+    max_logit_elements: int | None = ScoringBudget.max_logit_elements,
 ) -> tuple[Tensor, Tensor]:
     """Score every job; returns (log_p_solution, log_p_answer), float32 on the CPU, in job order.
 
-    Logits are computed only at the positions that predict a solution or answer token.
+    Logits are computed only at the positions that predict a solution or answer token; sums stay on
+    the device until every chunk is scored.
     """
     if max_batch_tokens < 1:
         raise ValueError("max_batch_tokens must be positive")
     device = model_device(model)
-    log_p_solution = torch.zeros(len(jobs), dtype=torch.float64)
-    log_p_answer = torch.zeros(len(jobs), dtype=torch.float64)
+    sums = torch.zeros(2 * len(jobs), dtype=torch.float64, device=device)  # [solution | answer]
     with torch.inference_mode():
+        head = LogitHead(model, max_logit_elements)
         for chunk in chunk_jobs(jobs, max_batch_tokens):
             rows = [jobs[i] for i in chunk]
-            width = max(len(job.ids) for job in rows)
-            # Right padding keeps the default positions 0..len-1 of every real token correct; pad
-            # tokens are masked out and, the model being causal, never influence real positions.
-            input_ids = torch.zeros(len(rows), width, dtype=torch.long)
-            attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
-            for b, job in enumerate(rows):
-                input_ids[b, : len(job.ids)] = torch.tensor(job.ids, dtype=torch.long)
-                attention_mask[b, : len(job.ids)] = 1
-            hidden, _ = decoder_states(model, input_ids.to(device), attention_mask.to(device))
-            # (row, target position, output index, is answer) of every scored token.
-            picks = [
-                (b, pos, i, is_answer)
-                for b, (i, job) in enumerate(zip(chunk, rows, strict=True))
-                for start, length, is_answer in (
-                    (job.solution_start, job.solution_len, False),
-                    (job.answer_start, job.answer_len, True),
-                )
-                for pos in range(start, start + length)
-            ]
-            if not picks:
+            input_ids = pad_right([job.ids for job in rows])
+            width = input_ids.shape[1]
+            # Every scored token: its flat position b * width + t and the output slot it adds to.
+            starts, lengths, slots = [], [], []
+            for b, (i, job) in enumerate(zip(chunk, rows, strict=True)):
+                for start, length, offset in (
+                    (job.solution_start, job.solution_len, 0),
+                    (job.answer_start, job.answer_len, len(jobs)),
+                ):
+                    starts.append(b * width + start)
+                    lengths.append(length)
+                    slots.append(i + offset)
+            at = spans(starts, lengths)
+            if at.numel() == 0:
                 continue
-            pick = torch.tensor(picks)
-            rows_at, pos = pick[:, 0].to(device), pick[:, 1].to(device)
+            dest = torch.repeat_interleave(torch.tensor(slots), torch.tensor(lengths), output_size=at.numel())
+            input_ids = input_ids.to(device, non_blocking=True)
+            hidden = causal_states(model, input_ids)
+            at = at.to(device, non_blocking=True)
             # Position t predicts token t + 1.
-            log_p = token_log_probs(
-                model, hidden[rows_at, pos - 1], input_ids.to(device)[rows_at, pos], max_logit_elements
-            )
-            log_p = log_p.double().cpu()
-            answer = pick[:, 3].bool()
-            log_p_solution.index_add_(0, pick[~answer, 2], log_p[~answer])
-            log_p_answer.index_add_(0, pick[answer, 2], log_p[answer])
-    return log_p_solution.float(), log_p_answer.float()
+            log_p = head.token_log_probs(hidden.flatten(0, 1)[at - 1], input_ids.flatten()[at])
+            sums.index_add_(0, dest.to(device, non_blocking=True), log_p.double())
+    (sums,) = to_host(sums)
+    return sums[: len(jobs)].float(), sums[len(jobs) :].float()
 
 
 def score_exit_points(
@@ -320,49 +325,62 @@ def completion_predictions(
     budget: ScoringBudget | None = None,
 ) -> list[tuple[Tensor, Tensor]]:
     """Per trace: ``completion_entropies`` and the most likely token at each completion position
-    (long, -1 for a first token that no position predicts). Passes keep to ``budget``."""
+    (long, -1 for a first token that no position predicts). Passes keep to ``budget``; the results
+    reach the host once, after the last pass."""
     budget = budget or ScoringBudget()
     device = model_device(model)
-    out: list[tuple[Tensor, Tensor]] = [(torch.zeros(0), torch.zeros(0, dtype=torch.long))] * len(traces)
     members = distinct_traces(traces)
     reps = list(members)
     seqs = {i: [*traces[i][0], *traces[i][1]] for i in reps}
-
-    def flush(rows: list[int]) -> None:
-        width = max(len(seqs[i]) for i in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for b, i in enumerate(rows):
-            ids[b, : len(seqs[i])] = torch.tensor(seqs[i], dtype=torch.long)
-            mask[b, : len(seqs[i])] = 1
-        hidden, _ = decoder_states(model, ids.to(device), mask.to(device))
-        for b, i in enumerate(rows):
-            h, g = completion_entropies_at(model, hidden[b], len(traces[i][0]), len(traces[i][1]), budget)
-            for j in members[i]:
-                out[j] = (h, g)
+    parts: list[tuple[list[int], Tensor, Tensor]] = []
 
     with torch.inference_mode():
+        head = LogitHead(model, budget.max_logit_elements)
         for chunk in length_chunks([len(seqs[i]) for i in reps], budget.max_batch_tokens):
-            flush([reps[j] for j in chunk])
+            rows = [reps[j] for j in chunk]
+            ids = pad_right([seqs[i] for i in rows])
+            hidden = causal_states(model, ids.to(device, non_blocking=True))
+            lengths = [(len(traces[i][0]), len(traces[i][1])) for i in rows]
+            entropies, best = completion_predictions_at(head, hidden, lengths)
+            parts.append((rows, entropies, best))
+    moved = to_host(*(t for _, entropies, best in parts for t in (entropies, best)))
+    out: list[tuple[Tensor, Tensor]] = [(torch.zeros(0), torch.zeros(0, dtype=torch.long))] * len(traces)
+    for k, (rows, _, _) in enumerate(parts):
+        lengths = [(len(traces[i][0]), len(traces[i][1])) for i in rows]
+        predictions = split_predictions(moved[2 * k], moved[2 * k + 1], lengths)
+        for i, prediction in zip(rows, predictions, strict=True):
+            for j in members[i]:
+                out[j] = prediction
     return out
 
 
-def completion_entropies_at(
-    model: torch.nn.Module, hidden: Tensor, prompt_len: int, completion_len: int, budget: ScoringBudget
+def completion_predictions_at(
+    head: LogitHead, hidden: Tensor, lengths: Sequence[tuple[int, int]]
 ) -> tuple[Tensor, Tensor]:
-    """Entropies (bits) and argmax tokens of a completion from one row's hidden states [T, d].
+    """Entropies (bits) and argmax tokens of the completions of a right-padded batch, concatenated, on
+    the device: row b's prompt and completion lengths are ``lengths[b]``, its hidden states
+    ``hidden[b]`` [T, d]. Position ``p + j - 1`` predicts completion token j; a first token with no
+    predicting position (empty prompt) is left out (``split_predictions`` fills it in)."""
+    width = hidden.shape[1]
+    starts = [b * width + max(p - 1, 0) for b, (p, _) in enumerate(lengths)]
+    counts = [n - (p == 0 and n > 0) for p, n in lengths]
+    at = spans(starts, counts).to(hidden.device, non_blocking=True)
+    return head.entropies_and_argmax(hidden.flatten(0, 1)[at])
 
-    Position ``p + j - 1`` predicts completion token j. With an empty prompt the first token has no
-    predicting position: it gets the mean entropy of the others and argmax -1.
-    """
-    p, n = prompt_len, completion_len
-    if n == 0:
-        return torch.zeros(0), torch.zeros(0, dtype=torch.long)
-    if p == 0:
-        h, g = entropies_and_argmax(model, hidden[: n - 1], budget.max_logit_elements)
-        first = h.mean() if h.numel() else torch.tensor(0.0)
-        return torch.cat([first.reshape(1), h]), torch.cat([torch.full((1,), -1), g])
-    return entropies_and_argmax(model, hidden[p - 1 : p + n - 1], budget.max_logit_elements)
+
+def split_predictions(
+    entropies: Tensor, best: Tensor, lengths: Sequence[tuple[int, int]]
+) -> list[tuple[Tensor, Tensor]]:
+    """Per row, the (entropies, argmax) that ``completion_predictions_at`` concatenated. With an empty
+    prompt the first token gets the mean entropy of the others and argmax -1."""
+    counts = [n - (p == 0 and n > 0) for p, n in lengths]
+    out = []
+    for (p, n), h, g in zip(lengths, entropies.split(counts), best.split(counts), strict=True):
+        if p == 0 and n > 0:
+            first = h.mean() if h.numel() else torch.tensor(0.0)
+            h, g = torch.cat([first.reshape(1), h]), torch.cat([torch.full((1,), -1), g])
+        out.append((h, g))
+    return out
 
 
 def score_traces_naive(

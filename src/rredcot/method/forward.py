@@ -2,10 +2,24 @@
 
 Every model call of the credit passes goes through :func:`decoder_states`: the decoder alone
 (``model.get_decoder()``), which returns hidden states and, when asked, the KV cache. Logits are then
-computed from selected hidden states only, in chunks of at most ``max_logit_elements`` (positions x
-vocabulary), in float32 with autocast off: a bf16 head rounds logits of size 20 to steps of 0.125,
-which would leak into every log-probability and entropy. No pass ever holds [batch, length, vocab]
-logits, so a 151,936-token vocabulary costs the same memory per chunk as a 300-token one.
+computed from selected hidden states only, by a :class:`LogitHead` made once per pass, in chunks, so no
+pass ever holds [batch, length, vocab] logits and a 151,936-token vocabulary costs the same memory per
+chunk as a 300-token one.
+
+Precision. The head's matrix product runs in the pass's compute dtype (the parameters' dtype, or
+autocast's), so a bf16 pass on a GPU uses the tensor cores and never makes a float32 copy of the head;
+its output, the logits, is float32 (``torch.mm(..., out_dtype=float32)``: bf16 products summed in
+float32), and every log-softmax and entropy is taken in float32. A bf16 output would round logits of
+size 20 to steps of 0.125 nats, which would leak into every log-probability. Where that kernel does
+not exist (on a CPU) the same numbers come from a float32 product of the bf16-rounded operands (the
+products of two bf16 numbers are exact in float32), so a CPU run shows what a GPU computes.
+
+Chunks. A chunk holds at most ``ScoringBudget.max_logit_elements`` logits; when it is None the chunk
+follows the device's free memory (``LOGIT_MEMORY_SHARE`` of it) on a GPU and is 2^25 elements on a CPU.
+
+Host transfers. Results stay on the device; callers move them to the host once, with :func:`to_host`,
+when a pass is done (the tests count these calls: a transfer inside a loop would stall a GPU once per
+iteration).
 
 One call site for the decoder also gives distributed training one place to hook in: under FSDP the
 decoder's layers gather their shards in each forward, so every process must make the same number of
@@ -17,6 +31,7 @@ and ``config``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -25,7 +40,12 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rredcot.method.credit import token_entropies
+# Logit elements of one chunk on a CPU, and the share of a GPU's free memory a chunk may take when
+# ``max_logit_elements`` is None. A chunk holds its float32 logits and two temporaries of that size
+# (probabilities and their entropy terms, or the log-sum-exp's working copy).
+CPU_LOGIT_ELEMENTS = 1 << 25
+LOGIT_MEMORY_SHARE = 0.25
+LOGIT_BYTES_PER_ELEMENT = 12
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -39,6 +59,19 @@ def vocab_size(model: torch.nn.Module) -> int:
     """Rows of the LM head, from the config (under ZeRO-3 a sharded weight's shape reads 0)."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return int(config.vocab_size)
+
+
+def pad_right(seqs: list[list[int]]) -> Tensor:
+    """Token ids of sequences, right-padded with 0 to the longest (long, on the host).
+
+    Right-padded rows need no attention mask under causal attention: every real token comes before
+    its row's padding, so no real query ever reads a padded key. The passes therefore call the
+    decoder without a mask, which leaves SDPA free to pick its fused causal kernels and spares the
+    host the check transformers makes of a padding mask (a synchronisation on a GPU)."""
+    ids = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return ids
 
 
 def decoder_states(
@@ -60,58 +93,160 @@ def decoder_states(
     return out.last_hidden_state, (out.past_key_values if use_cache else None)
 
 
-def head_logits(model: torch.nn.Module, hidden: Tensor) -> Tensor:
-    """Float32 vocabulary logits of hidden states [n, d], as the model's own head computes them."""
-    head = model.get_output_embeddings()
-    with torch.autocast(hidden.device.type, enabled=False):
-        bias = None if getattr(head, "bias", None) is None else head.bias.float()
-        logits = F.linear(hidden.float(), head.weight.float(), bias)
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
+def causal_states(model: torch.nn.Module, input_ids: Tensor) -> Tensor:
+    """Last hidden states [B, T, d] of right-padded rows (``pad_right``): no mask.
+
+    The call carries a cache it then drops: without one, transformers inspects the position ids for
+    packed sequences, a wait on a GPU; the cache holds the pass's keys and values until it returns,
+    no more than a trace pass under the same budget keeps."""
+    hidden, _ = decoder_states(
+        model, input_ids, past_key_values=DynamicCache(config=model.config), use_cache=True
+    )
+    return hidden
 
 
-def logit_rows(model: torch.nn.Module, max_logit_elements: int) -> int:
-    """Positions whose logits fit in ``max_logit_elements`` at once (at least one)."""
-    return max(1, max_logit_elements // vocab_size(model))
+def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype activations have in a forward pass here: autocast's, else the parameters'."""
+    device = model_device(model)
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return next(model.parameters()).dtype
 
 
-def token_log_probs(
-    model: torch.nn.Module, hidden: Tensor, targets: Tensor, max_logit_elements: int
-) -> Tensor:
-    """log p(targets[i] | hidden[i]) for hidden [n, d] and targets [n] (float32, on hidden's device)."""
-    step = logit_rows(model, max_logit_elements)
-    out = []
-    for a in range(0, hidden.shape[0], step):
-        log_p = torch.log_softmax(head_logits(model, hidden[a : a + step]), dim=-1)
-        out.append(log_p.gather(-1, targets[a : a + step, None]).squeeze(-1))
-    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+def free_memory(device: torch.device) -> int | None:
+    """Bytes a pass can still allocate on an accelerator: what the driver has free plus what torch's
+    allocator holds unused; None on a CPU."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
 
-def entropies_and_argmax(
-    model: torch.nn.Module, hidden: Tensor, max_logit_elements: int
-) -> tuple[Tensor, Tensor]:
-    """Predictive entropy in bits and the most likely token for hidden states [n, d] (CPU tensors)."""
-    step = logit_rows(model, max_logit_elements)
-    bits, best = [], []
-    for a in range(0, hidden.shape[0], step):
-        logits = head_logits(model, hidden[a : a + step])
-        bits.append(token_entropies(logits).cpu())
-        best.append(logits.argmax(dim=-1).cpu())
-    if not bits:
-        return torch.zeros(0, dtype=torch.float32), torch.zeros(0, dtype=torch.long)
-    return torch.cat(bits), torch.cat(best)
+def to_host(*tensors: Tensor) -> list[Tensor]:
+    """The given tensors on the host, after one synchronisation of the device.
+
+    Every result of the credit passes reaches the host through here, once per pass, so the tests can
+    count the transfers a pass makes (a transfer inside a loop would stall a GPU once per iteration)."""
+    if all(t.device.type == "cpu" for t in tensors):
+        return list(tensors)
+    cuda = {t.device for t in tensors if t.device.type == "cuda"}
+    # Asynchronous copies into pinned memory, then one wait (other devices copy synchronously).
+    out = [t.to("cpu", non_blocking=t.device.type == "cuda") for t in tensors]
+    for device in cuda:
+        torch.cuda.synchronize(device)
+    return out
 
 
-def next_token_log_probs(model: torch.nn.Module, hidden: Tensor, max_logit_elements: int) -> Tensor:
-    """Float32 log-softmax over the vocabulary for hidden states [n, d] (one row per sequence)."""
-    step = logit_rows(model, max_logit_elements)
-    parts = [
-        torch.log_softmax(head_logits(model, hidden[a : a + step]), dim=-1)
-        for a in range(0, hidden.shape[0], step)
-    ]
-    return torch.cat(parts)
+_MM_OUT_DTYPE: dict[str, bool] = {}
+
+
+def _has_mm_out_dtype(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch.mm(a, b, out_dtype=float32)`` runs for ``dtype`` operands on this device."""
+    key = f"{device.type}:{dtype}"
+    if key not in _MM_OUT_DTYPE:
+        try:
+            a = torch.ones(2, 2, dtype=dtype, device=device)
+            _MM_OUT_DTYPE[key] = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError, NotImplementedError):
+            _MM_OUT_DTYPE[key] = False
+    return _MM_OUT_DTYPE[key]
+
+
+class LogitHead:
+    """The model's LM head, set up once for a pass: float32 logits of hidden states, in chunks.
+
+    ``max_logit_elements`` bounds one chunk (None: it follows free memory on a GPU; see the module
+    docstring). The head's weight is cast to the compute dtype once here, not per chunk.
+    """
+
+    def __init__(self, model: torch.nn.Module, max_logit_elements: int | None = None) -> None:
+        head = model.get_output_embeddings()
+        self.device = model_device(model)
+        self.dtype = compute_dtype(model)
+        weight = head.weight
+        bias = getattr(head, "bias", None)
+        self.vocab = vocab_size(model)
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        self.cap = float(cap) if cap else None
+        low = self.dtype in (torch.bfloat16, torch.float16)
+        # (how the product runs) float32: as it is; low precision: fp32 output from low-precision
+        # operands, natively where the kernel exists, else through the rounded operands in float32.
+        self.native = low and _has_mm_out_dtype(self.device, self.dtype)
+        if not low:
+            self.weight = weight.float()
+        elif self.native:
+            self.weight = weight.to(self.dtype)
+        else:
+            self.weight = weight.to(self.dtype).float()
+        self.bias = None if bias is None else bias.to(self.dtype).float() if low else bias.float()
+        self.rows = self._chunk_rows(max_logit_elements)
+
+    def _chunk_rows(self, max_logit_elements: int | None) -> int:
+        if max_logit_elements is None:
+            free = free_memory(self.device)
+            if free is None:
+                max_logit_elements = CPU_LOGIT_ELEMENTS
+            else:
+                max_logit_elements = max(
+                    CPU_LOGIT_ELEMENTS, int(LOGIT_MEMORY_SHARE * free / LOGIT_BYTES_PER_ELEMENT)
+                )
+        return max(1, max_logit_elements // self.vocab)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Float32 logits [n, V] of hidden states [n, d] (one chunk: callers split with ``chunks``)."""
+        with torch.autocast(self.device.type, enabled=False):
+            if self.native:
+                out = torch.mm(hidden.to(self.dtype), self.weight.t(), out_dtype=torch.float32)
+                if self.bias is not None:
+                    out = out + self.bias
+            elif self.weight.dtype == torch.float32 and self.dtype != torch.float32:
+                out = F.linear(hidden.to(self.dtype).float(), self.weight, self.bias)
+            else:
+                out = F.linear(hidden.float(), self.weight, self.bias)
+        if self.cap is not None:
+            out = torch.tanh(out / self.cap) * self.cap
+        return out
+
+    def chunks(self, n: int) -> range:
+        """Start indices of the chunks of ``n`` rows."""
+        return range(0, n, self.rows)
+
+    def token_log_probs(self, hidden: Tensor, targets: Tensor) -> Tensor:
+        """log p(targets[i] | hidden[i]) for hidden [n, d] and targets [n] (float32, on the device)."""
+        out = []
+        for a in self.chunks(hidden.shape[0]):
+            logits = self.logits(hidden[a : a + self.rows])
+            picked = logits.gather(-1, targets[a : a + self.rows, None]).squeeze(-1)
+            out.append(picked - torch.logsumexp(logits, dim=-1))
+        return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+
+    def argmax_and_log_probs(self, hidden: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """The most likely token and log p(targets[i] | hidden[i]) (float32) of hidden states
+        [n, d], on the device."""
+        best, picked = [], []
+        for a in self.chunks(hidden.shape[0]):
+            logits = self.logits(hidden[a : a + self.rows])
+            best.append(logits.argmax(dim=-1))
+            target = logits.gather(-1, targets[a : a + self.rows, None]).squeeze(-1)
+            picked.append(target - torch.logsumexp(logits, dim=-1))
+        return torch.cat(best), torch.cat(picked)
+
+    def entropies_and_argmax(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        """Predictive entropy in bits (float32) and the most likely token of hidden states [n, d],
+        on the device."""
+        bits, best = [], []
+        for a in self.chunks(hidden.shape[0]):
+            logits = self.logits(hidden[a : a + self.rows])
+            # H = -Σ p log p, with 0 log 0 = 0 (special.entr), for logits of -inf too.
+            p = torch.softmax(logits, dim=-1)
+            bits.append((torch.special.entr(p).sum(dim=-1) / math.log(2.0)).clamp_min(0.0))
+            best.append(logits.argmax(dim=-1))
+        if not bits:
+            return (
+                torch.zeros(0, dtype=torch.float32, device=hidden.device),
+                torch.zeros(0, dtype=torch.long, device=hidden.device),
+            )
+        return torch.cat(bits), torch.cat(best)
 
 
 def has_plain_kv_cache(model: torch.nn.Module) -> bool:
@@ -127,11 +262,3 @@ def has_plain_kv_cache(model: torch.nn.Module) -> bool:
     except Exception:  # a config the cache cannot read: do not guess
         return False
     return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
-
-
-def compute_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype activations have in a forward pass here: autocast's, else the parameters'."""
-    device = model_device(model)
-    if torch.is_autocast_enabled(device.type):
-        return torch.get_autocast_dtype(device.type)
-    return next(model.parameters()).dtype

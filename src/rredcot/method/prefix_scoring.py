@@ -55,16 +55,20 @@ from rredcot.method.exit_scoring import (
     ScoringBudget,
     TraceExits,
     TraceScores,
-    completion_entropies_at,
+    completion_predictions_at,
     distinct_traces,
     length_chunks,
+    spans,
+    split_predictions,
 )
 from rredcot.method.forward import (
+    LogitHead,
     compute_dtype,
     decoder_states,
     has_plain_kv_cache,
     model_device,
-    token_log_probs,
+    pad_right,
+    to_host,
 )
 
 __all__ = ["ScoringBudget", "score_traces_single_pass", "supports_single_pass"]
@@ -100,34 +104,24 @@ class _TraceChunk:
 
 
 def _run_trace_pass(
-    model: torch.nn.Module, traces: Sequence[TraceExits], rows: list[int], budget: ScoringBudget
-) -> tuple[_TraceChunk, list[Tensor], list[Tensor]]:
-    """Forward ``prompt ⊕ completion`` for the given traces; returns the cache, the completion's
-    entropies and the token the model finds most likely at each completion position (-1: none)."""
+    model: torch.nn.Module, head: LogitHead, traces: Sequence[TraceExits], rows: list[int]
+) -> tuple[_TraceChunk, list[tuple[Tensor, Tensor]]]:
+    """Forward ``prompt ⊕ completion`` for the given traces; returns the cache and, per trace (on the
+    host: segmentation reads them), the completion's entropies and the token the model finds most
+    likely at each completion position (-1: none)."""
     device = model_device(model)
-    seqs = [[*traces[i].prompt_ids, *traces[i].completion_ids] for i in rows]
-    width = max(len(s) for s in seqs)
-    input_ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    for b, s in enumerate(seqs):
-        input_ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[b, : len(s)] = 1
-    # Right padding: real tokens keep positions 0..n-1; padded keys are masked out of every later query.
+    input_ids = pad_right([[*traces[i].prompt_ids, *traces[i].completion_ids] for i in rows])
+    # Right padding: real tokens keep positions 0..n-1 and no real query reads a padded key (no mask
+    # needed, pad_right); the suffix pass reads cached keys before its exit point only.
     hidden, cache = decoder_states(
         model,
-        input_ids.to(device),
-        attention_mask=mask.to(device),
+        input_ids.to(device, non_blocking=True),
         past_key_values=DynamicCache(config=model.config),
         use_cache=True,
     )
-    entropies, greedy = [], []
-    for b, i in enumerate(rows):
-        h, g = completion_entropies_at(
-            model, hidden[b], len(traces[i].prompt_ids), len(traces[i].completion_ids), budget
-        )
-        entropies.append(h)
-        greedy.append(g)
-    return _TraceChunk(rows, cache, width), entropies, greedy
+    lengths = [(len(traces[i].prompt_ids), len(traces[i].completion_ids)) for i in rows]
+    entropies, best = to_host(*completion_predictions_at(head, hidden, lengths))
+    return _TraceChunk(rows, cache, input_ids.shape[1]), split_predictions(entropies, best, lengths)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -300,60 +294,85 @@ def _row_cache(chunk: _TraceChunk, rows: list[int], keys: int) -> DynamicCache:
 
 def _run_suffix_pass(
     model: torch.nn.Module,
+    head: LogitHead,
     chunk: _TraceChunk,
     packed: list[list[_Suffix]],
-    budget: ScoringBudget,
     flat: Tensor,
     slot: Callable[[_Suffix, bool], int],
 ) -> None:
-    """Score one pass of packed suffix rows; add span log-prob sums at ``flat[slot(job, is_answer)]``."""
+    """Score one pass of packed suffix rows; add span log-prob sums at ``flat[slot(job, is_answer)]``
+    (``flat`` lives on the model's device; nothing here waits for the device).
+
+    The inputs are described per suffix (its row, offset, length, first position), expanded to
+    per-query tensors with tensor operations, and the tree mask is built from them on the device:
+    query q of a suffix starting at offset o may read cached key k < start_pos and its own keys
+    ``width + o <= k <= width + q``."""
     device = model_device(model)
     dtype = compute_dtype(model)
     n_rows = len(packed)
     q_len = max(sum(j.fed for j in row) for row in packed)
     width = max(_key_width(row) for row in packed)  # cached keys this pass reads
-    input_ids = torch.zeros(n_rows, q_len, dtype=torch.long)
-    positions = torch.zeros(n_rows, q_len, dtype=torch.long)
-    # Additive mask: 0 where a query may attend, the dtype's minimum elsewhere (works for eager and sdpa).
-    allowed = torch.zeros(n_rows, q_len, width + q_len, dtype=torch.bool)
-    targets: list[tuple[int, int, int, int]] = []  # (row, query offset, target token, output slot)
+    fed: list[int] = []  # the fed tokens of every suffix, in order
+    begin, count, start_pos, offsets = [], [], [], []  # per suffix: flat query index, fed, position
+    span_at, span_len, span_dest = [], [], []  # per scored span: flat query index of its first target
+    targets: list[int] = []
     for r, row in enumerate(packed):
         offset = 0
         for job in row:
             n = job.fed
-            sl = slice(offset, offset + n)
-            input_ids[r, sl] = torch.tensor(job.ids[:n], dtype=torch.long)
-            positions[r, sl] = job.start_pos + torch.arange(n)
-            allowed[r, sl, : job.start_pos] = True  # the cached prefix before the re-fed token
-            allowed[r, sl, width + offset : width + offset + n] = torch.ones(n, n, dtype=torch.bool).tril()
-            # Suffix token i+1 is predicted at query offset + i.
-            for span_at, span_len, is_answer in (
+            fed += job.ids[:n]
+            begin.append(r * q_len + offset)
+            count.append(n)
+            start_pos.append(job.start_pos)
+            offsets.append(offset)
+            # Suffix token i + 1 is predicted at query offset + i.
+            for at, length, is_answer in (
                 (job.solution_at, job.solution_len, False),
                 (job.answer_at, job.answer_len, True),
             ):
-                dest = slot(job, is_answer)
-                targets += [(r, offset + i - 1, job.ids[i], dest) for i in range(span_at, span_at + span_len)]
+                span_at.append(r * q_len + offset + at - 1)
+                span_len.append(length)
+                span_dest.append(slot(job, is_answer))
+                targets += job.ids[at : at + length]
             offset += n
-        # Padding queries (past the last suffix) attend to themselves only, so no row is fully masked.
-        for q in range(offset, q_len):
-            allowed[r, q, width + q] = True
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+    queries = spans(begin, count)  # flat query index of every fed token
+    which = torch.repeat_interleave(
+        torch.arange(len(count)), torch.tensor(count), output_size=queries.numel()
+    )
+    within = queries - torch.tensor(begin)[which]
+    size = n_rows * q_len
+    first = torch.tensor(start_pos)[which]
+    input_ids = torch.zeros(size, dtype=torch.long).index_put_((queries,), torch.tensor(fed))
+    positions = torch.zeros(size, dtype=torch.long).index_put_((queries,), first + within)
+    # Per query: keys below ``prefix`` (cached) and own keys from ``own`` on; padding queries read
+    # only themselves, so that no row is fully masked.
+    prefix = torch.zeros(size, dtype=torch.long).index_put_((queries,), first)
+    own = torch.arange(q_len).repeat(n_rows).index_put_((queries,), torch.tensor(offsets)[which])
+    meta = torch.stack([input_ids, positions, prefix, own]).view(4, n_rows, q_len)
+    input_ids, positions, prefix, own = meta.to(device, non_blocking=True)
+    keys = torch.arange(width + q_len, device=device)
+    query = torch.arange(q_len, device=device)[None, :, None]
+    allowed = (keys < prefix[:, :, None]) | ((keys >= width + own[:, :, None]) & (keys <= width + query))
+    # Additive mask: 0 where a query may attend, the dtype's minimum elsewhere (eager and sdpa).
+    mask = torch.zeros((), dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
     cache = _row_cache(chunk, [row[0].row for row in packed], width)
     hidden, _ = decoder_states(
         model,
-        input_ids.to(device),
-        attention_mask=mask.to(device),
-        position_ids=positions.to(device),
+        input_ids,
+        attention_mask=mask[:, None],
+        position_ids=positions,
         past_key_values=cache,
         use_cache=True,
     )
-    del cache
-    if not targets:
+    del cache, mask, allowed
+    at = spans(span_at, span_len)
+    if at.numel() == 0:
         return
-    t = torch.tensor([(r, q, tok) for r, q, tok, _ in targets], device=device)
-    log_p = token_log_probs(model, hidden[t[:, 0], t[:, 1]], t[:, 2], budget.max_logit_elements).cpu()
-    dest = torch.tensor([d for *_, d in targets])
-    flat.index_add_(0, dest, log_p.to(flat.dtype))
+    lengths = torch.tensor(span_len)
+    dest = torch.repeat_interleave(torch.tensor(span_dest), lengths, output_size=at.numel())
+    moved = torch.stack([at, torch.tensor(targets), dest]).to(device, non_blocking=True)
+    log_p = head.token_log_probs(hidden.flatten(0, 1)[moved[0]], moved[1])
+    flat.index_add_(0, moved[2], log_p.to(flat.dtype))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -383,47 +402,60 @@ def score_traces_single_pass(
     if not supports_single_pass(model):
         impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
         raise ValueError(f"single-pass scoring needs attention 'eager' or 'sdpa', not {impl!r}")
-    results: list[TraceScores | None] = [None] * len(traces)
+    device = model_device(model)
     # Identical traces (same prompt and completion) share one trace pass and one cache row.
     members = distinct_traces([(t.prompt_ids, t.completion_ids) for t in traces])
     reps = list(members)
     lengths = [len(traces[i].prompt_ids) + len(traces[i].completion_ids) for i in reps]
+    done: list[tuple[dict[int, int], int, Tensor]] = []  # per trace chunk: offsets, n_out, sums
+    cuts: dict[int, list[int]] = {}
+    predictions: dict[int, tuple[Tensor, Tensor]] = {}
     with torch.inference_mode():
+        head = LogitHead(model, budget.max_logit_elements)
         for positions in length_chunks(lengths, budget.max_batch_tokens):
             rows = [reps[j] for j in positions]
-            chunk, rep_entropies, rep_greedy = _run_trace_pass(model, traces, rows, budget)
-            entropies = {i: ent for rep, ent in zip(rows, rep_entropies, strict=True) for i in members[rep]}
-            greedy = {i: g for rep, g in zip(rows, rep_greedy, strict=True) for i in members[rep]}
-            cuts: dict[int, list[int]] = {}
-            for i, ent in entropies.items():
+            # The one wait of a chunk: segmentation reads the entropies on the host.
+            chunk, rep_predictions = _run_trace_pass(model, head, traces, rows)
+            chunk_traces = [i for rep in rows for i in members[rep]]
+            for rep, prediction in zip(rows, rep_predictions, strict=True):
+                for i in members[rep]:
+                    predictions[i] = prediction
+            for i in chunk_traces:
                 given = traces[i].cuts
                 if given is None:
                     if cuts_for is None:
                         raise ValueError(f"trace {i} has no cuts and no cuts_for was given")
-                    given = cuts_for(i, ent)
+                    given = cuts_for(i, predictions[i][0])
                 cuts[i] = [int(c) for c in given]
-            # One flat float64 buffer per chunk: [solution sums | answer sums], trace after trace.
+            # One flat float64 buffer per chunk on the device: [solution sums | answer sums], trace
+            # after trace; it reaches the host after the last chunk.
             base, n_out = {}, 0
-            for i in entropies:
+            for i in chunk_traces:
                 base[i] = n_out
                 n_out += len(cuts[i]) * len(traces[i].pairs) + (traces[i].answer_cut is not None)
-            flat = torch.zeros(2 * n_out, dtype=torch.float64)
+            flat = torch.zeros(2 * n_out, dtype=torch.float64, device=device)
 
             def slot(job: _Suffix, is_answer: bool, base: dict = base, n_out: int = n_out) -> int:
                 return base[job.trace] + job.out + (n_out if is_answer else 0)
 
             run, copies = _distinct(_suffixes(traces, chunk, members, cuts, strings), traces)
             for packed in _pack(run, chunk.width, budget):
-                _run_suffix_pass(model, chunk, packed, budget, flat, slot)
-            for job, original in copies:
+                _run_suffix_pass(model, head, chunk, packed, flat, slot)
+            if copies:
                 for is_answer in (False, True):
-                    flat[slot(job, is_answer)] = flat[slot(original, is_answer)]
-            for i, ent in entropies.items():
-                shape = (len(cuts[i]), len(traces[i].pairs))
-                a, b = base[i], base[i] + shape[0] * shape[1]
-                sol = flat[a:b].float().view(shape)
-                ans = flat[n_out + a : n_out + b].float().view(shape)
-                own = flat[n_out + b].float() if traces[i].answer_cut is not None else None
-                results[i] = TraceScores(cuts[i], sol, ans, ent, own, greedy[i])
+                    to = torch.tensor([slot(job, is_answer) for job, _ in copies], device=device)
+                    src = torch.tensor([slot(original, is_answer) for _, original in copies], device=device)
+                    flat[to] = flat[src]
+            done.append((base, n_out, flat))
             del chunk
+    results: list[TraceScores | None] = [None] * len(traces)
+    for (base, n_out, _), flat in zip(done, to_host(*(flat for *_, flat in done)), strict=True):
+        for i, a in base.items():
+            shape = (len(cuts[i]), len(traces[i].pairs))
+            b = a + shape[0] * shape[1]
+            sol = flat[a:b].float().view(shape)
+            ans = flat[n_out + a : n_out + b].float().view(shape)
+            own = flat[n_out + b].float() if traces[i].answer_cut is not None else None
+            entropies, greedy = predictions[i]
+            results[i] = TraceScores(cuts[i], sol, ans, entropies, own, greedy)
     return results  # type: ignore[return-value]

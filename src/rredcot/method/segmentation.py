@@ -455,6 +455,24 @@ def find_text(token_texts: Sequence[str], needle: str, start: int = 0, last: boo
     return None if at < 0 else token_at(token_texts, offset + at)
 
 
+def find_text_at_end(token_texts: Sequence[str], needle: str) -> int | None:
+    """``find_text`` for a text that grows one token at a time and is searched after every token: an
+    occurrence that ended before the last token was found then, so only one that ends in the last
+    token is looked for, among the few tokens it can span (the cost does not grow with the text)."""
+    if not needle:
+        raise ValueError("cannot search for an empty text")
+    if not token_texts:
+        return None
+    # Tokens before the last that the needle can reach back into: len(needle) - 1 characters.
+    first, reach = len(token_texts) - 1, len(needle) - 1
+    while first > 0 and reach > 0:
+        first -= 1
+        reach -= len(token_texts[first])
+    tail = token_texts[first:]
+    at = "".join(tail).find(needle)
+    return None if at < 0 else first + token_at(tail, at)
+
+
 def thinking_end(token_texts: Sequence[str], exit_string: str) -> int | None:
     """Index of the token where the model's own exit string begins, or None if it never exits.
 

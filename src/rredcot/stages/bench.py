@@ -206,7 +206,73 @@ def train_step_ab(config: list[str], sft: str, data: str, arms: list[str], steps
     return out
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def most_credited(credit: Any) -> tuple[int, int]:
+    """The token span of the segment that gets the largest share of σ (for a wrong trace: the most
+    blamed one), segments as the credit cut them (thinking segments, then the answer segment)."""
+    starts = [*credit.segment_starts, credit.multiplier.numel()]
+    mass = [float(credit.multiplier[a:b].sum()) for a, b in zip(starts, starts[1:], strict=False)]
+    k = max(range(len(mass)), key=mass.__getitem__)
+    return starts[k], starts[k + 1]
+
+
+def precision(config: list[str], model_dir: str, data: str, n_traces: int, seed: int) -> dict[str, Any]:
+    """σ of the same traces under bf16 autocast against float32, on a trained model.
+
+    Traces are sampled from the model on the first ``n_traces`` problems of ``data`` (advantage +1
+    when correct, -1 when wrong); σ comes from ``CreditAssigner`` with the config's RREDCoT settings,
+    once in float32 and once under bf16 autocast (decoder in bf16; the LM head's product from bf16
+    operands with a float32 result, as on a GPU). Reported: max |Δ σ·|o||, and the share of traces
+    whose most-credited segment (most-blamed for a wrong trace) is the same token span."""
+    from rredcot.data.grading import grade
+    from rredcot.data.records import format_prompt, reference_solution
+    from rredcot.infra.io import read_jsonl
+    from rredcot.lm.generation import HFGenerator
+    from rredcot.lm.modeling import load_tokenizer
+    from rredcot.method.assign import CreditAssigner, TraceInput
+    from rredcot.settings.config import credit_config, load_config
+
+    cfg = load_config(config)
+    arm = next(a for a in cfg["arms"] if cfg["arms"][a]["credit"] == "rredcot")
+    tok = load_tokenizer(model_dir)
+    model = load_model(model_dir).eval()
+    rows = read_jsonl(data)[:n_traces]
+    prompts = [format_prompt(cfg["prompt"]["template"], r["problem"]) for r in rows]
+    sampled = HFGenerator(model, tok).generate(
+        prompts, temperature=1.0, max_new_tokens=cfg["rl"]["max_completion_length"], seed=seed
+    )
+    assigner = CreditAssigner(tok, credit_config(cfg, arm))
+    items = [
+        TraceInput(
+            assigner.encode(p),
+            list(c[0].token_ids),
+            1.0 if grade(c[0].text, str(r["answer"])) else -1.0,
+            [(reference_solution(r.get("solution")) or "", str(r["answer"]))],
+        )
+        for p, c, r in zip(prompts, sampled, rows, strict=True)
+        if c[0].token_ids
+    ]
+    with torch.inference_mode():
+        full = assigner.assign(model, items)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            half = assigner.assign(model, items)
+    diffs = [float((a.multiplier - b.multiplier).abs().max()) for a, b in zip(full, half, strict=True)]
+    same = [most_credited(a) == most_credited(b) for a, b in zip(full, half, strict=True)]
+    wrong = [s for s, t in zip(same, items, strict=True) if t.advantage < 0]
+    return {
+        "model": model_dir,
+        "traces": len(items),
+        "wrong_traces": len(wrong),
+        "max_abs_diff_sigma_x_len": max(diffs),
+        "median_max_abs_diff_sigma_x_len": statistics.median(diffs),
+        "same_most_credited_segment": sum(same) / len(same),
+        "same_most_blamed_segment_wrong_traces": sum(wrong) / max(len(wrong), 1),
+        "same_segments": sum(a.segment_starts == b.segment_starts for a, b in zip(full, half, strict=True))
+        / len(items),
+    }
+
+
+def scoring_report(args: argparse.Namespace) -> dict[str, Any]:
+    """Forward, single-pass σ, naive σ and Monte Carlo values on one batch of random traces."""
     set_threads(args.threads)
     model = make_model(args)
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -298,8 +364,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "max_abs_logprob_diff_single_vs_naive": diff,
     }
+    return report
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    report = scoring_report(args) if args.traces > 0 else {}
     if args.train_metrics and Path(args.train_metrics).is_dir():
         report["train_step_workflow"] = train_step_summary(Path(args.train_metrics))
+    if args.precision_traces > 0:
+        set_threads(args.train_threads)
+        report["precision_bf16"] = precision(
+            args.config, args.precision_model, args.precision_data, args.precision_traces, args.seed
+        )
+        _log.info(f"bf16 against float32 sigma: {report['precision_bf16']}")
     if args.train_steps > 0:
         if not Path(args.sft).is_dir():
             raise SystemExit(f"--train-steps needs the SFT model at {args.sft} (run the workflow first)")
@@ -318,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--traces", type=int, default=8, help="traces in the batch")
+    ap.add_argument("--traces", type=int, default=8, help="traces in the batch (0: no scoring benchmark)")
     ap.add_argument("--prompt", type=int, default=64, help="prompt tokens per trace")
     ap.add_argument("--length", type=int, default=1024, help="completion tokens per trace")
     ap.add_argument("--exits", type=int, default=32, help="exit points per trace (segments + 1)")
@@ -336,13 +413,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--rl-data", default="results/data/rl.clean.jsonl", help="RL split for --train-steps")
     ap.add_argument("--arms", nargs="+", default=["grpo", "rredcot", "entropy", "rredcot_entropy"])
     ap.add_argument(
+        "--precision-traces", type=int, default=0, help="also compare bf16 and float32 σ on N sampled traces"
+    )
+    ap.add_argument("--precision-model", default="results/models/sft", help="model of --precision-traces")
+    ap.add_argument("--precision-data", default="results/data/test.jsonl", help="problems to sample from")
+    ap.add_argument(
         "--train-threads", type=int, default=1, help="threads for --train-steps (as in the workflow)"
     )
     args = ap.parse_args(argv)
     report = run(args)
     write_json(Path(args.out), report)
-    print(json.dumps(report["ratios"], indent=2))
-    for key in ("train_step_workflow", "train_step_ab"):
+    if "ratios" in report:
+        print(json.dumps(report["ratios"], indent=2))
+    for key in ("train_step_workflow", "train_step_ab", "precision_bf16"):
         if key in report:
             print(key, json.dumps(report[key], indent=2))
     _log.info(f"wrote {args.out}")

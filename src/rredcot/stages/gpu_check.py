@@ -1,33 +1,51 @@
-"""GPU check: the paper-scale credit passes and training step on randomly initialised models of real shapes.
+"""GPU check: what RREDCoT's credit costs a user of the paper recipes, on random weights of real shapes.
 
 Nothing is downloaded: the models are Qwen2/Qwen3 architectures built from their published sizes
-(Qwen2.5-0.5B, R1-Distill-Qwen-1.5B = Qwen2.5-1.5B, Qwen3-4B) with random weights; cost and memory do
-not depend on the weights. It measures
+(Qwen2.5-0.5B, R1-Distill-Qwen-1.5B = Qwen2.5-1.5B, Qwen3-4B) with random weights (cost and memory do
+not depend on the weights), held as training holds them: float32 master weights, passes under the
+recipe's autocast. Credit is computed by :class:`rredcot.method.assign.CreditAssigner` with the
+recipe's own credit settings (``--table2-config``, ``--table1-config``); only the number of exit
+points is set to the batch's shape. The traces are word-level texts of a tokenizer of the real
+vocabulary size: thinking lines, the exit string, a final solution and its boxed answer.
 
-1. **single-pass scoring** of one trace of 8k, 16k and 25k tokens with 48 exit points: peak GPU
-   memory, time, the ratio to one plain forward pass over the trace, and the attention kernel SDPA
-   picked (from the profiler's op names: flash, efficient, cuDNN or math);
-2. **bf16 vs fp32 σ**: σ·|o| of the same traces scored under bf16 autocast and in float32;
-3. **three RREDCoTTrainer steps** on CUDA (bf16 autocast, float32 master weights) with the smallest
-   model: step times and peak memory;
-4. **the TRL micro-batch**: forward and backward of the policy log-probabilities of one completion of
-   8k-25k tokens with gradient checkpointing, through TRL's fused LM head: peak memory.
+Sections (``--sections``, all by default), each written to the report as soon as it is done:
 
-    rredcot gpu-check --out results/bench/gpu.json              # on a CUDA machine
+1. ``table2``: the Table-2 per-GPU batch (24 traces of ~3.6k tokens, 20 exit points, a 400-token
+   reference solution, R1-Distill-1.5B): one forward over the batch, the credit of the batch and each
+   of its passes (``CreditAssigner.seconds``: scoring with the entropies it reads, the greedy answer
+   baseline at 256 new tokens per trace), single-pass against naive scoring on 4 of the traces, and
+   the update (forward and backward of the policy's log-probabilities, micro-batch, gradient
+   checkpointing and precision as the recipe sets them), with the ratios of the acceptance targets;
+2. ``table1``: the same for the Table-1 per-GPU batch (8 traces of up to 25k tokens, 48 exit points,
+   Qwen3-4B, micro-batch 1), without the naive subset;
+3. ``scoring``: single-pass scoring of one trace of 8k, 16k and 25k tokens with 48 exit points per
+   model shape, against one forward and the token bound ``(L + K·A)/L``;
+4. ``graphs``: the greedy baseline with and without its CUDA graph: the same solutions and
+   log-probabilities, and the time of each;
+5. ``trainer``: three RREDCoTTrainer steps on CUDA with the smallest model.
+
+    rredcot gpu-check --out docs/gpu/gpu-check.json              # on a CUDA machine (~5 min, one H100)
     rredcot gpu-check --device cpu --tiny --out /tmp/gpu.json   # the same code paths, tiny, on a CPU
 
-Every section catches its own out-of-memory error and reports it, so one failure does not hide the
-rest. The tests run the ``--tiny`` CPU form; they never need a GPU.
+Every section catches its own out-of-memory error, frees what it built and reports it, so one
+failure does not hide the rest. The tests run the ``--tiny`` CPU form; they never need a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import math
+import platform
+import random
+import statistics
+import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +98,25 @@ TINY = dict(
     tie_word_embeddings=True,
 )
 VOCAB = 151936
+TINY_VOCAB = 512
+
+# The per-GPU batches of the paper recipes (full size, and the tiny form the tests run).
+BATCHES: dict[str, dict[str, Any]] = {
+    "table2": dict(
+        shape="qwen2.5-1.5b", config="table2", traces=24, lengths=(3300, 3900), exits=20,
+        solution=400, own=124, naive=4,
+    ),
+    "table1": dict(
+        shape="qwen3-4b", config="table1", traces=8, lengths=(6000, 25000), exits=48,
+        solution=400, own=124, naive=0,
+    ),
+}
+TINY_BATCHES: dict[str, dict[str, Any]] = {
+    "table2": dict(traces=4, lengths=(150, 200), exits=5, solution=20, own=8, naive=2),
+    "table1": dict(traces=2, lengths=(150, 300), exits=6, solution=20, own=8, naive=0),
+}
+EXIT_STRING, ANSWER_PREFIX, ANSWER_SUFFIX = "\n</think>\n\n", " \\boxed{", "}"
+SPECIAL_TOKENS = ["<pad>", "<eos>", "\n", "</think>", "\\boxed{", "}"]
 
 
 def build(shape: dict[str, Any], vocab: int, max_len: int, device: torch.device, dtype: torch.dtype):
@@ -94,6 +131,24 @@ def build(shape: dict[str, Any], vocab: int, max_len: int, device: torch.device,
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
+
+
+def word_tokenizer(vocab: int):
+    """A word-level tokenizer of ``vocab`` tokens: the texts around an exit point and a boxed answer
+    are tokens of their own, every other word is ``w<id>``."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    words.update({f"w{i}": i for i in range(len(SPECIAL_TOKENS), vocab)})
+    raw = Tokenizer(models.WordLevel(words, unk_token="<pad>"))
+    raw.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\n|</think>|\\boxed\{|\}"), behavior="isolated"),
+            pre_tokenizers.Split(" ", behavior="removed"),
+        ]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>")
 
 
 class Meter:
@@ -122,139 +177,334 @@ class Meter:
         self.seconds = time.perf_counter() - self.t0
 
 
-def _guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _guarded(fn: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:
+    """Run a section; an out-of-memory error becomes its report, and its memory is freed either way."""
     try:
         return fn()
     except torch.OutOfMemoryError as exc:
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
         return {"error": f"out of memory: {str(exc).splitlines()[0]}"}
+    finally:
+        _free(device)
 
 
-def _trace(vocab: int, length: int, exits: int, seed: int) -> Any:
-    import random
+def _autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManager:
+    """The recipe's mixed precision (float32 master weights, autocast in ``dtype``)."""
+    if dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
 
-    from rredcot.method.exit_scoring import TraceExits
+
+def _recipe(path: str, exits: int, tiny: bool):
+    """The recipe's RREDCoT credit config with ``exits`` exit points per trace, and the recipe."""
+    from rredcot.settings.config import credit_config, load_config
+
+    cfg = load_config([path])
+    credit = credit_config(cfg, "rredcot")
+    minimum = 2 if tiny else credit.segmentation.min_segment_tokens
+    credit.segmentation = replace(
+        credit.segmentation, n_segments=exits - 1, tokens_per_segment=0, min_segment_tokens=minimum
+    )
+    credit.view_every = 0
+    dtype = torch.bfloat16 if cfg["model"]["dtype"] == "bfloat16" else torch.float32
+    return cfg, credit, dtype
+
+
+def synthetic_traces(
+    tok: Any, n: int, lengths: tuple[int, int], exits: int, solution: int, own: int, seed: int = 0
+) -> list[Any]:
+    """``n`` traces of ``lengths[0]..lengths[1]`` completion tokens: thinking lines (a newline about
+    every quarter of a segment, so that segmentation has pieces to merge), the exit string, a final
+    solution of ``own`` words and its boxed answer; half with a positive advantage, half negative.
+    Each has one reference pair: a ``solution``-word solution and the answer."""
+    from rredcot.method.assign import TraceInput
 
     rng = random.Random(seed)
-    prompt = [rng.randrange(10, vocab) for _ in range(200)]
-    completion = [rng.randrange(10, vocab) for _ in range(length)]
-    cuts = sorted({min(length, round(i * length / exits)) for i in range(exits + 1)})
-    solution = [rng.randrange(10, vocab) for _ in range(400)]
-    return TraceExits(prompt, completion, cuts, [(solution, [rng.randrange(10, vocab)])], length - 8)
+    vocab = len(tok)
+    word = lambda: f"w{rng.randrange(len(SPECIAL_TOKENS), vocab)}"  # noqa: E731
+    exit_ids = tok(EXIT_STRING, add_special_tokens=False)["input_ids"]
+    reference = " ".join(word() for _ in range(solution))
+    items = []
+    for i in range(n):
+        length = lengths[0] + (lengths[1] - lengths[0]) * i // max(n - 1, 1)
+        final = [word() for _ in range(own)]
+        tail = tok(" ".join(final) + f"{ANSWER_PREFIX}w9{ANSWER_SUFFIX}", add_special_tokens=False)
+        thinking = length - len(exit_ids) - len(tail["input_ids"]) - 1
+        every = max(2, thinking // (4 * exits))
+        words = ["\n" if k % every == every - 1 else word() for k in range(thinking)]
+        completion = tok(" ".join(words), add_special_tokens=False)["input_ids"]
+        completion += exit_ids + tail["input_ids"] + [tok.eos_token_id]
+        prompt = tok(" ".join(word() for _ in range(200)), add_special_tokens=False)["input_ids"]
+        items.append(TraceInput(prompt, completion, 1.0 if i % 2 else -1.0, [(reference, "w9")]))
+    return items
 
 
-def _sdpa_kernels(fn: Callable[[], Any]) -> dict[str, int]:
-    """Which scaled-dot-product-attention implementation ran, by the profiler's op names."""
-    from torch.profiler import ProfilerActivity, profile
+def _forward(model, items, budget, device, dtype) -> float:
+    """Seconds of one plain forward (decoder) over the traces, in the trace pass's chunks."""
+    from rredcot.method.exit_scoring import length_chunks
+    from rredcot.method.forward import decoder_states
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
-        fn()
-    counts: dict[str, int] = {}
-    for event in prof.key_averages():
-        name = event.key
-        if name.startswith("aten::_scaled_dot_product") or "fmha" in name or "flash" in name.lower():
-            counts[name] = counts.get(name, 0) + int(event.count)
-    return counts
+    seqs = [[*t.prompt_ids, *t.completion_ids] for t in items]
+    with Meter(device) as m, torch.inference_mode(), _autocast(device, dtype):
+        for chunk in length_chunks([len(s) for s in seqs], budget.max_batch_tokens):
+            width = max(len(seqs[i]) for i in chunk)
+            ids = torch.zeros(len(chunk), width, dtype=torch.long)
+            mask = torch.zeros(len(chunk), width, dtype=torch.long)
+            for b, i in enumerate(chunk):
+                ids[b, : len(seqs[i])] = torch.tensor(seqs[i])
+                mask[b, : len(seqs[i])] = 1
+            decoder_states(model, ids.to(device), mask.to(device))
+    return m.seconds
 
 
-def scoring(model, vocab: int, lengths: list[int], exits: int, device: torch.device, autocast: bool) -> list:
-    """Section 1: single-pass scoring against one forward pass, per trace length."""
-    from rredcot.method.exit_scoring import ExitStrings
+def _suffix_tokens(assigner, items, credits) -> tuple[int, int]:
+    """Trace tokens and exit-suffix tokens of the batch: the token bound is their sum over the first."""
+    strings = assigner.strings()
+    fixed = 1 + len(strings.exit_ids) + len(strings.answer_prefix_ids) + len(strings.answer_suffix_ids)
+    trace = suffix = 0
+    for t, c in zip(items, credits, strict=True):
+        pairs = [(assigner.encode(u), assigner.encode(y)) for u, y in t.pairs]
+        trace += len(t.prompt_ids) + len(t.completion_ids)
+        suffix += len(c.cuts) * sum(fixed + len(u) + len(y) for u, y in pairs)
+    return trace, suffix
+
+
+def _naive_against_single(model, assigner, items, credits, device, dtype) -> dict[str, Any]:
+    """Single-pass and naive scoring of the same traces and exit points."""
+    from rredcot.method.exit_scoring import TraceExits, score_traces_naive
+    from rredcot.method.prefix_scoring import score_traces_single_pass
+
+    specs = [
+        TraceExits(
+            t.prompt_ids,
+            t.completion_ids,
+            list(c.cuts),
+            [(assigner.encode(u), assigner.encode(y)) for u, y in t.pairs],
+            c.segment_starts[-1] if c.answer_reward is not None else None,
+        )
+        for t, c in zip(items, credits, strict=True)
+    ]
+    strings, budget = assigner.strings(), assigner.cfg.budget
+    with torch.inference_mode(), _autocast(device, dtype):
+        with Meter(device) as single:
+            a = score_traces_single_pass(model, specs, strings, budget)
+        with Meter(device) as naive:
+            b = score_traces_naive(model, specs, strings, budget)
+    diff = max(float((x.log_p_answer - y.log_p_answer).abs().max()) for x, y in zip(a, b, strict=True))
+    # The naive scorer reads prompt ⊕ completion[:c] ⊕ exit ⊕ solution ⊕ answer per cut and pair.
+    fixed = len(strings.exit_ids) + len(strings.answer_prefix_ids) + len(strings.answer_suffix_ids)
+    naive_tokens = sum(
+        len(s.prompt_ids) + c + fixed + len(u) + len(y) for s in specs for c in s.cuts for u, y in s.pairs
+    )
+    trace, suffix = _suffix_tokens(assigner, items, credits)
+    return {
+        "traces": len(specs),
+        "single_pass_s": round(single.seconds, 3),
+        "naive_s": round(naive.seconds, 3),
+        "naive_over_single_pass": round(naive.seconds / max(single.seconds, 1e-9), 2),
+        "token_ratio": round(naive_tokens / (trace + suffix), 2),
+        "max_abs_diff_log_p_answer": diff,
+    }
+
+
+def _update(model, items, micro: int, checkpointing: bool, device, dtype) -> dict[str, Any]:
+    """Forward and backward of the policy's log-probabilities of every completion, in micro-batches,
+    as the trainer runs them (TRL's fused LM head with a float32 head, checkpointing as the recipe)."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    model.train()
+    add_fused_lm_head(model, cast_lm_head_to_fp32=True)
+    try:
+        with Meter(device) as m:
+            for a in range(0, len(items), micro):
+                rows = items[a : a + micro]
+                width = max(len(t.prompt_ids) + len(t.completion_ids) for t in rows)
+                ids = torch.zeros(len(rows), width, dtype=torch.long)
+                labels = torch.full((len(rows), width), -100, dtype=torch.long)
+                mask = torch.zeros(len(rows), width, dtype=torch.long)
+                for b, t in enumerate(rows):
+                    seq = [*t.prompt_ids, *t.completion_ids]
+                    ids[b, : len(seq)] = torch.tensor(seq)
+                    mask[b, : len(seq)] = 1
+                    labels[b, len(t.prompt_ids) : len(seq)] = torch.tensor(t.completion_ids)
+                ids, labels, mask = ids.to(device), labels.to(device), mask.to(device)
+                with _autocast(device, dtype):
+                    out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+                out.log_probs.float().sum().backward()
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.eval()
+        if checkpointing:
+            model.gradient_checkpointing_disable()
+    return {
+        "micro_batch": micro,
+        "gradient_checkpointing": checkpointing,
+        "seconds": round(m.seconds, 3),
+        "peak_gb": round(m.peak_gb, 2),
+    }
+
+
+def batch_section(name: str, config: str, device: torch.device, tiny: bool) -> dict[str, Any]:
+    """Forward, credit (each pass), naive subset and update of one recipe's per-GPU batch."""
+    from rredcot.method.assign import CreditAssigner
+
+    spec = dict(BATCHES[name])
+    if tiny:
+        spec.update(TINY_BATCHES[name])
+    vocab = TINY_VOCAB if tiny else VOCAB
+    cfg, credit, dtype = _recipe(config, spec["exits"], tiny)
+    tok = word_tokenizer(vocab)
+    items = synthetic_traces(
+        tok, spec["traces"], spec["lengths"], spec["exits"], spec["solution"], spec["own"]
+    )
+    longest = max(len(t.prompt_ids) + len(t.completion_ids) for t in items)
+    model = build(TINY if tiny else SHAPES[spec["shape"]], vocab, longest + 1024, device, torch.float32)
+    assigner = CreditAssigner(tok, credit)
+    report: dict[str, Any] = {
+        "shape": "tiny" if tiny else spec["shape"],
+        "recipe": config,
+        "traces": len(items),
+        "completion_tokens": [len(t.completion_ids) for t in items],
+        "precision": f"float32 master weights, autocast {dtype}",
+        "credit": {k: str(v) for k, v in vars(credit).items() if k not in ("segmentation", "mc")},
+    }
+
+    with torch.inference_mode(), _autocast(device, dtype):  # warm-up: kernels, allocator, graphs
+        assigner.assign(model, items[:2])
+    forward = _forward(model, items, credit.budget, device, dtype)
+    with Meter(device) as m, torch.inference_mode(), _autocast(device, dtype):
+        credits = assigner.assign(model, items)
+    trace, suffix = _suffix_tokens(assigner, items, credits)
+    bound = (trace + suffix) / trace
+    passes = {k: round(v, 3) for k, v in assigner.seconds.items()}
+    scoring = assigner.seconds.get("scoring", 0.0)
+    baselines = [c.baseline_solution for c in credits if c.baseline_solution is not None]
+    report.update(
+        {
+            "exit_points": statistics.mean(len(c.cuts) for c in credits),
+            "forward_s": round(forward, 3),
+            "credit_s": round(m.seconds, 3),
+            "credit_peak_gb": round(m.peak_gb, 2),
+            "passes_s": passes,
+            "baseline_new_tokens_per_trace": statistics.mean(len(s) for s in baselines) if baselines else 0,
+            "ratios": {
+                "token_bound_(L+KA)/L": round(bound, 2),
+                "scoring_over_forward": round(scoring / forward, 2),
+                "scoring_over_bound": round(scoring / forward / bound, 2),
+            },
+        }
+    )
+    if spec["naive"]:
+        report["naive_subset"] = _guarded(
+            lambda: _naive_against_single(
+                model, assigner, items[: spec["naive"]], credits[: spec["naive"]], device, dtype
+            ),
+            device,
+        )
+    micro = cfg["rl"]["micro_batch_size"] or len(items)
+    checkpointing = bool(cfg["rl"]["gpu"]["gradient_checkpointing"])
+    report["update"] = _guarded(lambda: _update(model, items, micro, checkpointing, device, dtype), device)
+    if "seconds" in report["update"]:
+        report["ratios"]["credit_over_update"] = round(m.seconds / report["update"]["seconds"], 2)
+    return report
+
+
+def scoring_section(shapes: dict[str, dict], vocab: int, lengths: list[int], exits: int, device) -> dict:
+    """Single-pass scoring of one trace per length, per shape, against one forward and the bound."""
+    from rredcot.method.exit_scoring import ExitStrings, TraceExits
     from rredcot.method.forward import decoder_states
     from rredcot.method.prefix_scoring import ScoringBudget, score_traces_single_pass
 
     strings = ExitStrings([10, 11, 12], [13, 14], [15])
     budget = ScoringBudget()
-    rows = []
-    for length in lengths:
-        trace = _trace(vocab, length, exits, length)
-        ids = torch.tensor([[*trace.prompt_ids, *trace.completion_ids]], device=device)
-        ctx = torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast)
+    out: dict[str, Any] = {}
+    for name, shape in shapes.items():
+        model = build(shape, vocab, max(lengths) + 1024, device, torch.float32)
+        rows = []
+        for length in lengths:
+            rng = random.Random(length)
+            prompt = [rng.randrange(16, vocab) for _ in range(200)]
+            completion = [rng.randrange(16, vocab) for _ in range(length)]
+            cuts = sorted({min(length, round(i * length / (exits - 1))) for i in range(exits)})
+            solution = [rng.randrange(16, vocab) for _ in range(min(400, length))]
+            trace = TraceExits(prompt, completion, cuts, [(solution, [rng.randrange(16, vocab)])], length - 8)
+            ids = torch.tensor([[*prompt, *completion]], device=device)
 
-        def forward(ids=ids, ctx=ctx) -> None:
-            with torch.inference_mode(), ctx:
-                decoder_states(model, ids)
+            def measure(trace=trace, ids=ids, length=length, model=model) -> dict[str, Any]:
+                with torch.inference_mode(), _autocast(device, torch.bfloat16):
+                    decoder_states(model, ids)  # warm-up
+                    with Meter(device) as f:
+                        decoder_states(model, ids)
+                    with Meter(device) as s:
+                        score_traces_single_pass(model, [trace], strings, budget)
+                a = 1 + len(strings.exit_ids) + len(trace.pairs[0][0]) + 1 + 2 + 1
+                bound = (ids.shape[1] + len(trace.cuts) * a) / ids.shape[1]
+                return {
+                    "tokens": length,
+                    "exits": len(trace.cuts),
+                    "forward_s": round(f.seconds, 3),
+                    "single_pass_s": round(s.seconds, 3),
+                    "single_pass_peak_gb": round(s.peak_gb, 2),
+                    "token_bound": round(bound, 2),
+                    "ratio_to_forward": round(s.seconds / max(f.seconds, 1e-9), 2),
+                    "ratio_to_bound": round(s.seconds / max(f.seconds, 1e-9) / bound, 2),
+                }
 
-        def single(trace=trace, ctx=ctx) -> None:
-            with torch.inference_mode(), ctx:
-                score_traces_single_pass(model, [trace], strings, budget)
-
-        def measure(length=length, forward=forward, single=single, trace=trace) -> dict[str, Any]:
-            forward()  # warm-up (kernels, allocator)
-            with Meter(device) as f:
-                forward()
-            with Meter(device) as s:
-                single()
-            return {
-                "tokens": length,
-                "exits": len(trace.cuts),
-                "forward_s": round(f.seconds, 3),
-                "forward_peak_gb": round(f.peak_gb, 2),
-                "single_pass_s": round(s.seconds, 3),
-                "single_pass_peak_gb": round(s.peak_gb, 2),
-                "ratio_to_forward": round(s.seconds / max(f.seconds, 1e-9), 2),
-                "sdpa": _sdpa_kernels(single),
-            }
-
-        rows.append(_guarded(measure))
-    return rows
+            rows.append(_guarded(measure, device))
+        out[name] = {"parameters_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 3), "rows": rows}
+        del model
+        _free(device)
+    return out
 
 
-def sigma_agreement(model, vocab: int, length: int, exits: int, device: torch.device) -> dict[str, Any]:
-    """Section 2: σ·|o| in bf16 autocast against float32, same model and traces."""
-    from rredcot.method import credit as C
-    from rredcot.method import segmentation as S
-    from rredcot.method.exit_scoring import ExitStrings
-    from rredcot.method.prefix_scoring import score_traces_single_pass
+def graphs_section(shape: dict[str, Any], vocab: int, device: torch.device, tiny: bool) -> dict[str, Any]:
+    """The greedy baseline with and without its CUDA graph: results and times."""
+    from rredcot.method.answer_baseline import greedy_answer_log_probs
 
-    strings = ExitStrings([10, 11, 12], [13, 14], [15])
-    traces = [_trace(vocab, length, exits, seed) for seed in range(4)]
-
-    def sigmas(autocast: bool) -> list[torch.Tensor]:
-        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            scores = score_traces_single_pass(model, traces, strings)
-        out = []
-        for t, sc in zip(traces, scores, strict=True):
-            rewards = C.segment_rewards(C.exit_log_values(sc.log_p_solution, sc.log_p_answer))
-            ids = S.segment_ids_from_starts(list(sc.cuts[:-1]), len(t.completion_ids))
-            out.append(C.credit_multiplier("rredcot", len(t.completion_ids), -1.0, 0.5, ids, rewards))
-        return out
-
-    full, half = sigmas(False), sigmas(True)
-    diff = max(float((a - b).abs().max()) for a, b in zip(full, half, strict=True))
-    rel = max(float(((a - b).abs() / a.clamp_min(1e-6)).max()) for a, b in zip(full, half, strict=True))
-    return {"traces": len(traces), "tokens": length, "max_abs_diff_sigma_x_len": diff, "max_rel_diff": rel}
+    rows, head_len, new = (4, 64, 16) if tiny else (24, 3800, 256)
+    rng = random.Random(0)
+    heads = [[rng.randrange(16, vocab) for _ in range(head_len - 7 * b)] for b in range(rows)]
+    answers = [[rng.randrange(16, vocab)] for _ in heads]
+    model = build(shape, vocab, head_len + new + 64, device, torch.float32)
+    out: dict[str, Any] = {"rows": rows, "head_tokens": head_len, "new_tokens": new}
+    results = {}
+    for graphs in (False, True, False):  # the first run warms up
+        with Meter(device) as m, torch.inference_mode(), _autocast(device, torch.bfloat16):
+            log_p, solutions = greedy_answer_log_probs(
+                model, heads, answers, [10, 11], [12], lambda s: None, [1], new, cuda_graphs=graphs
+            )
+        results[graphs] = (log_p, solutions)
+        out[f"{'graphs' if graphs else 'eager'}_s"] = round(m.seconds, 3)
+    (a, sa), (b, sb) = results[False], results[True]
+    out["same_solutions"] = sa == sb
+    out["max_abs_diff_log_p"] = float((a - b).abs().max())
+    return out
 
 
 def trainer_steps(shape: dict[str, Any], vocab: int, device: torch.device, completion: int) -> dict[str, Any]:
-    """Section 3: three RREDCoTTrainer steps (bf16 autocast on CUDA) with a dense reward."""
+    """Three RREDCoTTrainer steps (bf16 autocast on CUDA) with a dense reward."""
     import tempfile
 
     from datasets import Dataset
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, TrainerCallback
+    from transformers import TrainerCallback
     from trl import GRPOConfig
 
     from rredcot.adapter.trainer import RREDCoTTrainer
     from rredcot.method.assign import CreditConfig
 
-    words = {f"w{i}": i for i in range(vocab - 2)} | {"<pad>": vocab - 2, "<eos>": vocab - 1}
-    raw = Tokenizer(models.WordLevel(words, unk_token="<pad>"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>")
+    tok = word_tokenizer(vocab)
     model = build(shape, vocab, completion + 256, torch.device("cpu"), torch.float32)
-    prompts = Dataset.from_list(
-        [
-            {
-                "prompt": " ".join(f"w{(7 * i + j) % 500}" for j in range(32)),
-                "answer": "w9",
-                "reference": "w8 w7",
-            }
-            for i in range(64)
-        ]
-    )
+    words = lambda i: " ".join(f"w{(7 * i + j) % 500 + len(SPECIAL_TOKENS)}" for j in range(32))  # noqa: E731
+    rows = [{"prompt": words(i), "answer": "w9", "reference": "w8 w7"} for i in range(64)]
+    prompts = Dataset.from_list(rows)
     times: list[float] = []
 
     class Timer(TrainerCallback):
@@ -305,33 +555,7 @@ def trainer_steps(shape: dict[str, Any], vocab: int, device: torch.device, compl
     }
 
 
-def micro_batch(shape: dict[str, Any], vocab: int, lengths: list[int], device: torch.device) -> list:
-    """Section 4: forward + backward of the policy log-probabilities of one completion (TRL's fused
-    LM head, gradient checkpointing, bf16 autocast on CUDA)."""
-    from trl.trainer.utils import add_fused_lm_head
-
-    cuda = device.type == "cuda"
-    model = build(shape, vocab, max(lengths) + 512, device, torch.float32)
-    model.gradient_checkpointing_enable()
-    model.config.use_cache = False
-    model.train()
-    add_fused_lm_head(model, cast_lm_head_to_fp32=cuda)
-    rows = []
-    for length in lengths:
-
-        def measure(length=length) -> dict[str, Any]:
-            ids = torch.randint(10, vocab, (1, 256 + length), device=device)
-            labels = ids.clone()
-            labels[:, :256] = -100  # only completion tokens are scored
-            with Meter(device) as m:
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
-                    out = model(input_ids=ids, labels=labels, fused_lm_head=True)
-                out.log_probs.float().sum().backward()
-            model.zero_grad(set_to_none=True)
-            return {"tokens": length, "peak_gb": round(m.peak_gb, 2), "seconds": round(m.seconds, 2)}
-
-        rows.append(_guarded(measure))
-    return rows
+SECTIONS = ("table2", "table1", "scoring", "graphs", "trainer")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -341,23 +565,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--tiny", action="store_true", help="a tiny model and short traces (checks the code paths)"
     )
-    ap.add_argument("--models", default=",".join(SHAPES))
-    ap.add_argument("--lengths", default="8192,16384,25000")
-    ap.add_argument("--exits", type=int, default=48)
+    ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated: {', '.join(SECTIONS)}")
+    ap.add_argument("--table2-config", default="config/paper/table2.yaml", help="recipe of the Table-2 batch")
+    ap.add_argument("--table1-config", default="config/paper/table1.yaml", help="recipe of the Table-1 batch")
+    ap.add_argument("--models", default=",".join(SHAPES), help="shapes of the scoring section")
+    ap.add_argument("--lengths", default="8192,16384,25000", help="trace lengths of the scoring section")
+    ap.add_argument("--exits", type=int, default=48, help="exit points of the scoring section")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
             "rredcot gpu-check: no CUDA device here (use --device cpu --tiny to check the code paths)"
         )
-    shapes = {"tiny": TINY} if args.tiny else {m: SHAPES[m] for m in args.models.split(",")}
-    vocab = 512 if args.tiny else VOCAB
-    lengths = [256, 512] if args.tiny else [int(x) for x in args.lengths.split(",")]
-    exits = 8 if args.tiny else args.exits
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        raise SystemExit(f"rredcot gpu-check: unknown sections {unknown}; choose from {list(SECTIONS)}")
+    import transformers
+
     report: dict[str, Any] = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
-        "models": {},
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "command": "rredcot gpu-check " + " ".join(sys.argv[1:] if argv is None else argv),
+        "seconds": {},
     }
 
     def save() -> str:
@@ -372,35 +604,29 @@ def main(argv: list[str] | None = None) -> None:
             tmp.replace(args.out)
         return text
 
-    smallest = next(iter(shapes.values()))
-    _log.info("RREDCoTTrainer steps")
-    report["trainer_steps"] = _guarded(
-        lambda: trainer_steps(smallest, vocab if args.tiny else 32768, device, 64 if args.tiny else 512)
-    )
-    save()
-    for name, shape in shapes.items():
-        _log.info(f"{name}: scoring")
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        model = build(shape, vocab, max(lengths), device, dtype)
-        entry = {"parameters_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 3)}
-        report["models"][name] = entry
-        entry["scoring"] = scoring(model, vocab, lengths, exits, device, autocast=False)
+    shapes = {"tiny": TINY} if args.tiny else {m: SHAPES[m] for m in args.models.split(",")}
+    vocab = TINY_VOCAB if args.tiny else VOCAB
+    runs: dict[str, Callable[[], dict[str, Any]]] = {
+        "table2": lambda: batch_section("table2", args.table2_config, device, args.tiny),
+        "table1": lambda: batch_section("table1", args.table1_config, device, args.tiny),
+        "scoring": lambda: scoring_section(
+            shapes, vocab, [256, 512] if args.tiny else [int(x) for x in args.lengths.split(",")],
+            8 if args.tiny else args.exits, device,
+        ),
+        "graphs": lambda: graphs_section(
+            TINY if args.tiny else SHAPES["qwen2.5-1.5b"], vocab, device, args.tiny
+        ),
+        "trainer": lambda: trainer_steps(
+            TINY if args.tiny else next(iter(SHAPES.values())), vocab if args.tiny else 32768, device,
+            64 if args.tiny else 512,
+        ),
+    }
+    for name in sections:
+        _log.info(f"gpu-check: {name}")
+        t0 = time.perf_counter()
+        report[name] = _guarded(runs[name], device)
+        report["seconds"][name] = round(time.perf_counter() - t0, 1)
         save()
-        del model
-        model = build(shape, vocab, max(lengths), device, torch.float32)
-        _log.info(f"{name}: bf16 vs fp32 sigma")
-        entry["sigma_bf16_vs_fp32"] = _guarded(
-            lambda model=model: sigma_agreement(model, vocab, min(lengths), exits, device)
-        )
-        save()
-        del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        _log.info(f"{name}: TRL micro-batch")
-        entry["micro_batch"] = micro_batch(shape, vocab, lengths, device)
-        save()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
     print(save())
 
 
