@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -30,7 +31,7 @@ from rredcot.infra.tracking import (
     retry,
     tracking_uri,
 )
-from rredcot.stages.tracking import main
+from rredcot.stages.tracking import main, runs_url, runs_view_tag
 
 STEPS = 30
 # A job process: signal readiness, wait for the common start signal (so that all processes hit the
@@ -155,7 +156,7 @@ def test_concurrent_jobs_on_fresh_sqlite_store(tmp_path: Path, sqlite_env: dict[
     # Artifacts live in results_dir, not in ./mlartifacts of whatever the working directory was.
     exp = client.get_experiment_by_name("exp")
     assert exp.artifact_location == (results.resolve() / "mlartifacts" / "exp").as_uri()
-    # A model-training experiment: the MLflow UI opens it on its runs, not on GenAI traces.
+    # Marked as a model-training experiment (MLflow's kind for runs, as opposed to GenAI traces).
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     assert len(list((results / "mlartifacts" / "exp").glob("*/artifacts/outputs/out-*.txt"))) == 4
 
@@ -256,7 +257,30 @@ def test_cli(store: Path, sqlite_env: dict[str, str], capsys: pytest.CaptureFixt
         ["cli", "invocation-inv-test", "(invocation)", "FINISHED", "0"],
     ]
     assert main(["ui", "--results-dir", str(store), "--print-only"]) == 0
-    assert f"mlflow ui --backend-store-uri {tracking_uri(store)}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"mlflow ui --backend-store-uri {tracking_uri(store)}" in out
+    # The link to the experiment's runs, and the saved view it names, stored on the experiment.
+    exp = MlflowClient(tracking_uri(store)).get_experiment_by_name("cli")
+    assert f"experiment cli: open {runs_url('http://127.0.0.1:5000', exp.experiment_id)}" in out
+    key, _ = runs_view_tag()
+    view = json.loads(exp.tags[key])
+    assert view["name"] == "Runs by invocation"
+    group_by = json.loads(view["state"])["groupBy"]
+    assert group_by["groupByKeys"] == [{"mode": "tag", "groupByData": "rredcot.invocation"}]
+    assert "experiment Default" not in out  # no workflow runs there
+
+
+def test_runs_url() -> None:
+    # The runs page of MLflow 3.17's UI (model-training pages), in the saved view of the runs.
+    assert runs_url("http://127.0.0.1:5000/", "7") == (
+        "http://127.0.0.1:5000/#/experiments/7/runs"
+        "?workflowType=machine_learning&viewStateShareKey=runs-by-invocation"
+    )
+    key, value = runs_view_tag()
+    assert key == "mlflow.sharedViewState.runs-by-invocation"
+    envelope = json.loads(value)  # the envelope the UI reads: a name, times in ms, the state as a string
+    assert isinstance(envelope["name"], str) and isinstance(envelope["createdAt"], int)
+    assert isinstance(envelope["state"], str) and json.loads(envelope["state"])["groupBy"]
 
 
 def free_port() -> int:
