@@ -64,6 +64,14 @@ def test_bad_config_fails_before_any_job(tmp_path):
     assert "max_stepz" in proc.stdout + proc.stderr
 
 
+def test_a_setting_the_method_cannot_work_with_fails_before_any_job(tmp_path):
+    overlay = tmp_path / "bad.yaml"
+    overlay.write_text(yaml.safe_dump({"prompt": {"exit_string": ""}}))
+    proc = _run(["-n"], tmp_path, overlay)
+    assert proc.returncode != 0
+    assert "prompt.exit_string: must not be empty" in proc.stdout + proc.stderr
+
+
 def test_dry_run_lists_every_stage(tmp_path):
     jobs = _scheduled(_run(["-n"], tmp_path))
     runs = 2 * len(ARMS)  # every arm, two seeds; evaluation adds the base model's two seeds
