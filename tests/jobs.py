@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import yaml
+from hangs import HANG_SECONDS
 from mlflow import MlflowClient
 
 from rredcot.data.synthetic import TaskConfig, generate_splits
@@ -74,8 +75,9 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def kill_when_saved(proc: subprocess.Popen, checkpoint: Path, timeout: float = 300) -> None:
-    """SIGKILL ``proc`` and everything it started as soon as ``checkpoint`` is complete."""
+def kill_when_saved(proc: subprocess.Popen, checkpoint: Path, timeout: float = HANG_SECONDS) -> None:
+    """SIGKILL ``proc`` and everything it started as soon as ``checkpoint`` is complete (a job that
+    neither saves it nor ends within ``timeout`` seconds hangs)."""
     t0 = time.monotonic()
     while not is_resumable(checkpoint):
         assert proc.poll() is None, f"the job ended (rc {proc.returncode}) before {checkpoint} was saved"

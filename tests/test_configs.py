@@ -130,3 +130,106 @@ def test_a_yaml_float_read_as_text_gets_a_hint(tmp_path) -> None:
         load_config([str(ROOT / "config" / "config.yaml"), str(overlay)])
     overlay.write_text("rl:\n  learning_rate: 3.0e-4\n")
     assert load_config([str(ROOT / "config" / "config.yaml"), str(overlay)])["rl"]["learning_rate"] == 3e-4
+
+
+_DATASETS = {
+    "data": {"kind": "datasets", "train": "t", "heldout": "h", "benchmarks": {"b": "b"}},
+    "sft": {"enabled": False},
+    "model": {"kind": "pretrained", "name_or_path": "m"},
+}
+# Settings with which the method cannot work, and the key each rejection names.
+_REJECTED = {
+    "empty exit string": ({"prompt": {"exit_string": ""}}, r"prompt\.exit_string: must not be empty"),
+    "blank exit string": ({"prompt": {"exit_string": " \n"}}, r"prompt\.exit_string: must not be empty"),
+    "blank answer prefix, greedy baseline": (
+        {"prompt": {"answer_prefix": " "}},
+        r"arms\.rredcot: answer_baseline 'greedy' needs a non-blank answer_prefix .*"
+        r"prompt\.answer_prefix is ' ', credit\.answer_baseline 'greedy'",
+    ),
+    "blank answer prefix, an arm's greedy baseline": (
+        {
+            "prompt": {"answer_prefix": ""},
+            "credit": {"answer_baseline": "reference"},
+            "arms": {"rredcot_entropy": {"credit_options": {"answer_baseline": "greedy"}}},
+        },
+        r"arms\.rredcot_entropy: .*arms\.rredcot_entropy\.credit_options\.answer_baseline 'greedy'",
+    ),
+    "chat prompt, scratch tokenizer": ({"prompt": {"style": "chat"}}, r"prompt\.style: chat needs model"),
+    "no run arms": ({"run_arms": []}, r"run_arms: must hold at least 1 item"),
+    "a run arm twice": ({"run_arms": ["grpo", "grpo"]}, r"run_arms: must not hold an item twice"),
+    "oracle on real datasets": (
+        {**_DATASETS, "run_arms": ["grpo", "oracle"]},
+        r"run_arms: arm oracle \(credit oracle\) needs data\.kind synthetic",
+    ),
+    "no seeds": ({"seeds": []}, r"seeds: must hold at least 1 item"),
+    "a seed twice": ({"seeds": [1, 1]}, r"seeds: must not hold an item twice"),
+    "no experiment name": ({"experiment": ""}, r"experiment: must not be empty"),
+    "blank results dir": ({"results_dir": " "}, r"results_dir: must not be empty"),
+    "unknown table2 arm": ({"report": {"table2_arms": ["grpo", "no"]}}, r"report\.table2_arms: unknown arm"),
+    "error rate above 1": (
+        {"data": {"synthetic": {"teacher_error_rate": 1.5}}},
+        r"data\.synthetic: teacher_error_rate must be in \[0, 1\]",
+    ),
+    "negative fix rate": (
+        {"data": {"synthetic": {"teacher_fix_rate": -0.1}}},
+        r"data\.synthetic: teacher_fix_rate must be in \[0, 1\]",
+    ),
+    "early-exit rate above 1": (
+        {"data": {"synthetic": {"teacher_early_exit_rate": 2.0}}},
+        r"data\.synthetic: teacher_early_exit_rate must be in \[0, 1\]",
+    ),
+    "negative noise weight": (
+        {"data": {"synthetic": {"noise_kinds": {"wrong_answer": -1.0}}}},
+        r"data\.synthetic: noise_kinds: weights must not be negative",
+    ),
+    "negative split": ({"data": {"synthetic": {"n_sft": -1}}}, r"data\.synthetic: n_sft must not be negat"),
+    "no RL rows": ({"data": {"synthetic": {"n_rl": 0}}}, r"data\.synthetic\.n_rl: RL needs at least 1 row"),
+    "no test rows": ({"data": {"synthetic": {"n_test": 0}}}, r"data\.synthetic\.n_test: evaluation needs"),
+    "no SFT rows": ({"data": {"synthetic": {"n_sft": 0}}}, r"data\.synthetic\.n_sft: SFT needs at least 1"),
+    "no rows kept": ({"data": {"max_rows": {"train": 0}}}, r"data: max_rows\.train: keep at least 1 row"),
+    "rows of an unknown dataset": (
+        {"data": {"max_rows": {"tran": 10}}},
+        r"data: max_rows\.tran: no such dataset",
+    ),
+    "zero shingle size": ({"clean": {"shingle_size": 0}}, r"clean\.shingle_size: must be at least 1"),
+    "zero permutations": ({"clean": {"minhash_permutations": 0}}, r"clean\.minhash_permutations: must be at"),
+    "zero near-duplicate threshold": (
+        {"clean": {"near_duplicate_threshold": 0.0}},
+        r"clean\.near_duplicate_threshold: must be greater than 0",
+    ),
+    "near-duplicate threshold above 1": (
+        {"clean": {"near_duplicate_threshold": 1.5}},
+        r"clean\.near_duplicate_threshold: must be at most 1",
+    ),
+    "no resolve samples": ({"clean": {"resolve_samples": 0}}, r"clean\.resolve_samples: must be at least 1"),
+}
+
+
+@pytest.mark.parametrize("override, message", _REJECTED.values(), ids=_REJECTED.keys())
+def test_a_setting_the_method_cannot_work_with_is_rejected_by_name(override, message) -> None:
+    from rredcot.settings.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=message):
+        validate(override)
+
+
+def test_what_the_rules_leave_alone_still_loads() -> None:
+    from rredcot.settings.config import credit_config, validate
+
+    # A blank answer prefix with the reference answer baseline: nothing decodes a solution, and the
+    # jobs of every arm build their credit (a uniform arm never reads the answer baseline).
+    cfg = validate({"prompt": {"answer_prefix": ""}, "credit": {"answer_baseline": "reference"}})
+    assert [credit_config(cfg, arm).method for arm in ("grpo", "rredcot")] == ["uniform", "rredcot"]
+    # Real datasets without the oracle arm; a synthetic task without SFT rows when SFT is off.
+    validate({**_DATASETS, "run_arms": ["grpo", "rredcot", "mc"]})
+    sft_off = {"sft": {"enabled": False}, "model": {"kind": "pretrained", "name_or_path": "m"}}
+    validate({**sft_off, "data": {"synthetic": {"n_sft": 0}, "max_rows": {"heldout": 5}}})
+
+
+def test_the_schema_carries_the_new_constraints() -> None:
+    from rredcot.settings.config import schema
+
+    props = schema()["properties"]
+    assert props["prompt"]["properties"]["exit_string"]["pattern"] == r"\S"
+    assert props["run_arms"]["minItems"] == 1 and props["run_arms"]["uniqueItems"] is True
+    assert props["clean"]["properties"]["shingle_size"]["minimum"] == 1

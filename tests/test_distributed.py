@@ -25,6 +25,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from hangs import HANG_SECONDS
 from jobs import CONFIGS, check_resumed, job_env, kill_when_saved, make_base, train_runs, write_config
 
 from rredcot.adapter.distributed import UnsupportedBackend, backend_name, check_backend
@@ -70,7 +71,7 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Path:
         env=job_env(),
         check=True,
         capture_output=True,
-        timeout=600,
+        timeout=HANG_SECONDS,
     )
     (root / "model").rename(root / "random")
     (root / "sft").rename(root / "model")
@@ -90,7 +91,7 @@ def _launch(mode: str, base: Path, out: Path, accelerate_config: str | None = No
             env=env,
             capture_output=True,
             text=True,
-            timeout=900,
+            timeout=HANG_SECONDS,
         )
         # DeepSpeed ZeRO-3 on its CPU backend (gloo) sometimes aborts one process mid-run with
         # "terminate called without an active exception" (about 1 launch in 4 on a 2-core machine;
@@ -171,7 +172,7 @@ def test_fsdp2_credit_passes_need_no_collectives(tmp_path: Path):
         env={**job_env(), "PYTHONPATH": str(TESTS)},
         capture_output=True,
         text=True,
-        timeout=300,  # a collective the other process never joins would hang: the timeout fails it
+        timeout=HANG_SECONDS,  # a collective the other process never joins would hang: this fails it
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     ranks = [json.loads(out.with_name(f"{out.name}.rank{r}.json").read_text()) for r in (0, 1)]
@@ -210,7 +211,7 @@ def test_two_process_train_job_writes_once_and_resumes(started: Path, tmp_path: 
     assert not (out / "model").exists() and not (out / "curve.csv").exists()
     run_id = json.loads((ckpts / "job.json").read_text())["mlflow_run_id"]
 
-    again = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=900)
+    again = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=HANG_SECONDS)
     log = again.stdout + again.stderr
     assert again.returncode == 0, log[-4000:]
     resumed = int(re.search(r"resuming from checkpoint-(\d+)", log).group(1))

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hangs import HANG_SECONDS
 from mlflow import MlflowClient
 
 from rredcot.stages.tracking import main
@@ -29,7 +30,7 @@ from pathlib import Path
 from rredcot.infra.tracking import job_run
 
 scratch, job = Path(sys.argv[1]), int(sys.argv[2])
-deadline = time.monotonic() + 60
+deadline = time.monotonic() + HANG_SECONDS  # a server that dies fails the test at once
 while True:
     try:
         urllib.request.urlopen(os.environ["MLFLOW_TRACKING_URI"] + "/health", timeout=2).close()
@@ -46,7 +47,9 @@ for k in range(RUNS_PER_JOB):
         out = scratch / f"job{job}-run{k}.txt"
         out.write_text(f"{job}/{k}")
         run.log_artifact(out, "outputs")
-""".replace("RUNS_PER_JOB", str(RUNS_PER_JOB)).replace("STEPS", str(STEPS))
+"""
+WORKER = WORKER.replace("RUNS_PER_JOB", str(RUNS_PER_JOB)).replace("STEPS", str(STEPS))
+WORKER = WORKER.replace("HANG_SECONDS", str(HANG_SECONDS))
 
 
 def free_port() -> int:
@@ -74,9 +77,9 @@ def test_print_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A tracking server started with `rredcot tracking server` (perhaps still booting); its URI and
-    results dir. Stopped, with all its processes, at the end."""
+def server(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen]]:
+    """A tracking server started with `rredcot tracking server` (perhaps still booting); its URI,
+    results dir and process. Stopped, with all its processes, at the end."""
     results = tmp_path / "results"
     log_path = tmp_path / "server.log"
     rredcot = Path(sys.executable).parent / "rredcot"
@@ -90,14 +93,14 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             start_new_session=True,  # one process group: stopping it stops the server's workers too
         )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + HANG_SECONDS
         # Printed before the server starts (it then runs the migrations of a fresh database).
         while not (uri := re.search(r"^export MLFLOW_TRACKING_URI=(\S+)$", log_path.read_text(), re.M)):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"no URI printed:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.1)
-        yield uri.group(1), results
-        with urllib.request.urlopen(f"{uri.group(1)}/health", timeout=5) as response:
+        yield uri.group(1), results, proc
+        with urllib.request.urlopen(f"{uri.group(1)}/health", timeout=HANG_SECONDS) as response:
             assert response.status == 200, log_path.read_text()[-3000:]  # still up after the load
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -108,31 +111,32 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             proc.wait()
 
 
-def test_concurrent_jobs_log_to_server(server: tuple[str, Path], tmp_path: Path) -> None:
-    uri, results = server
+def test_concurrent_jobs_log_to_server(server: tuple[str, Path, subprocess.Popen], tmp_path: Path) -> None:
+    uri, results, server_proc = server
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "RREDCOT_INVOCATION": "inv-server"}
     scratch = tmp_path / "job-scratch"  # the jobs' results_dir: must stay without a local store
     scratch.mkdir()
     start = time.monotonic()
-    jobs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(scratch), str(j)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for j in range(JOBS)
-    ]
+    logs = [tmp_path / f"job{j}.log" for j in range(JOBS)]
+    jobs = []
+    for j, log in enumerate(logs):
+        with log.open("w") as out:
+            command = [sys.executable, "-c", WORKER, str(scratch), str(j)]
+            jobs.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT))
     try:
-        outputs = [job.communicate(timeout=90)[0] for job in jobs]
+        # However long the jobs take: a server that dies fails the test at once, a hang after HANG_SECONDS.
+        deadline = time.monotonic() + HANG_SECONDS
+        while any(job.poll() is None for job in jobs):
+            assert server_proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the jobs hang"
+            time.sleep(0.2)
     finally:
         for job in jobs:
             if job.poll() is None:
                 job.kill()
                 job.wait()
-    for job, out in zip(jobs, outputs, strict=True):
-        assert job.returncode == 0, out + (tmp_path / "server.log").read_text()[-3000:]
+    for job, log in zip(jobs, logs, strict=True):
+        assert job.returncode == 0, log.read_text() + (tmp_path / "server.log").read_text()[-3000:]
     print(f"server boot + {JOBS} jobs x {RUNS_PER_JOB} runs: {time.monotonic() - start:.1f}s")
 
     client = MlflowClient(uri)

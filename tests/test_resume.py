@@ -24,6 +24,7 @@ import pytest
 import torch
 import yaml
 from datasets import Dataset
+from hangs import HANG_SECONDS
 from jobs import CONFIGS, ROOT, check_resumed, job_env, kill_when_saved, make_base, train_runs, write_config
 from mlflow import MlflowClient
 from transformers import TrainerCallback
@@ -231,7 +232,7 @@ def test_killed_train_job_resumes_from_its_last_checkpoint(base: Path, tmp_path:
     run_id = json.loads((ckpts / "job.json").read_text())["mlflow_run_id"]
     assert train_runs(results)[0].info.status == "RUNNING"  # as a SIGKILL leaves it
 
-    again = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=HANG_SECONDS)
     log = again.stdout + again.stderr
     assert again.returncode == 0, log[-3000:]
     resumed = int(re.search(r"resuming from checkpoint-(\d+)", log).group(1))
@@ -253,7 +254,7 @@ def test_killed_sft_job_resumes_to_the_same_model(base: Path, tmp_path: Path) ->
         ]
 
     straight, cmd = command("straight")
-    subprocess.run(cmd, env=job_env(), check=True, capture_output=True, timeout=600)
+    subprocess.run(cmd, env=job_env(), check=True, capture_output=True, timeout=HANG_SECONDS)
     results, cmd = command("killed")
     with open(tmp_path / "first.log", "w") as log:
         proc = subprocess.Popen(
@@ -261,7 +262,7 @@ def test_killed_sft_job_resumes_to_the_same_model(base: Path, tmp_path: Path) ->
         )
         kill_when_saved(proc, results / "checkpoints" / "sft" / "checkpoint-2")
     assert not (results / "models" / "sft").exists()
-    again = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=HANG_SECONDS)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[sft] resuming from checkpoint-" in again.stdout + again.stderr
 
@@ -366,7 +367,7 @@ def test_killed_snakemake_run_resumes_its_train_job(base: Path, tmp_path: Path) 
     # A SIGKILLed Snakemake leaves its lock behind; it names only our files, so unlocking is ours to do.
     unlock = subprocess.run([*snakemake, "--unlock"], cwd=work, env=job_env(), capture_output=True, text=True)
     assert unlock.returncode == 0, unlock.stderr[-2000:]
-    again = subprocess.run(cmd, cwd=work, env=job_env(), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(cmd, cwd=work, env=job_env(), capture_output=True, text=True, timeout=HANG_SECONDS)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "1 of 1 steps (100%) done" in again.stdout + again.stderr  # only the train job ran
     log = (results / "logs" / "train" / "grpo" / "seed0.log").read_text()

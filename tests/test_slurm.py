@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hangs import HANG_SECONDS, run_until_stalled
 from mlflow import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +37,6 @@ EXPECTED = {
     ("evaluate", "base_0"),
 }
 TARGETS = ["eval/grpo/seed0.summary.json", "eval/base/seed0.summary.json"]
-WORKFLOW_TIMEOUT = 300  # seconds; the slice takes about 1 minute here
 
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -50,7 +50,7 @@ def cluster() -> Iterator[dict[str, str]]:
     was_up = subprocess.run([SCRIPT, "status"], env=env, capture_output=True).returncode == 0
     start = time.monotonic()
     proc = subprocess.run(
-        ["timeout", "-s", "KILL", "600", SCRIPT, "start"],
+        ["timeout", "-s", "KILL", str(HANG_SECONDS), SCRIPT, "start"],  # it may install packages
         env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -109,17 +109,21 @@ def test_workflow_on_slurm(cluster: dict[str, str], tmp_path: Path) -> None:
         "threads": {"sft": 1, "train": 1},
     }
     overlay.write_text(yaml.safe_dump(two))
+    logs = tmp_path / "slurm-logs"
     cmd = [
-        *("timeout", "-s", "KILL", str(WORKFLOW_TIMEOUT)),  # the plugin can hang if sacct breaks
         *(sys.executable, "-m", "snakemake"),
         *("--workflow-profile", str(local_profile(tmp_path))),
         *("--configfile", "config/smoke.yaml", str(overlay)),
         *("--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1"),
-        *("--slurm-logdir", str(tmp_path / "slurm-logs"), "--slurm-keep-successful-logs"),
+        *("--slurm-logdir", str(logs), "--slurm-keep-successful-logs"),
         *(str(results / target) for target in TARGETS),
     ]
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    # The plugin can hang if sacct breaks, polling (and printing) forever and ignoring SIGTERM: the
+    # run is killed once its jobs have written nothing for a long while, however slow they are.
+    proc = run_until_stalled(
+        cmd, watch=[results, logs], output_is_progress=False, cwd=ROOT, env=env, stdin=subprocess.DEVNULL
+    )
     elapsed = time.monotonic() - start
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"rc={proc.returncode} after {elapsed:.0f}s\n{log[-6000:]}"

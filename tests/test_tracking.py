@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from hangs import HANG_SECONDS
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
@@ -30,7 +32,7 @@ from rredcot.infra.tracking import (
     retry,
     tracking_uri,
 )
-from rredcot.stages.tracking import main
+from rredcot.stages.tracking import main, runs_url, runs_view_tag
 
 STEPS = 30
 # A job process: signal readiness, wait for the common start signal (so that all processes hit the
@@ -79,10 +81,10 @@ def run_workers(
     results: Path,
     env: dict[str, str],
     before_go: Callable[[], None] = lambda: None,
-    timeout: float = 45,
+    timeout: float = HANG_SECONDS,
 ) -> None:
     """Start ``n`` job processes, release them together once all have imported MLflow and ``before_go``
-    returned, and require that all succeed within ``timeout`` seconds."""
+    returned, and require that all succeed (a wait of ``timeout`` seconds only bounds a hang)."""
     gate = results.parent / "gate"
     gate.mkdir()
     procs = [
@@ -155,7 +157,7 @@ def test_concurrent_jobs_on_fresh_sqlite_store(tmp_path: Path, sqlite_env: dict[
     # Artifacts live in results_dir, not in ./mlartifacts of whatever the working directory was.
     exp = client.get_experiment_by_name("exp")
     assert exp.artifact_location == (results.resolve() / "mlartifacts" / "exp").as_uri()
-    # A model-training experiment: the MLflow UI opens it on its runs, not on GenAI traces.
+    # Marked as a model-training experiment (MLflow's kind for runs, as opposed to GenAI traces).
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     assert len(list((results / "mlartifacts" / "exp").glob("*/artifacts/outputs/out-*.txt"))) == 4
 
@@ -206,19 +208,27 @@ def test_retry_outlasts_a_real_sqlite_lock(tmp_path: Path) -> None:
     with pytest.raises(sqlite3.OperationalError, match="database is locked"):
         writer.execute("INSERT INTO t VALUES (1)")
     release = threading.Timer(0.5, holder.execute, ["COMMIT"])
-    release.start()
-    start = time.monotonic()
-    retry(writer.execute, "INSERT INTO t VALUES (2)")
+    attempts = []
+
+    def execute(sql: str) -> sqlite3.Cursor:
+        attempts.append(sql)
+        try:
+            return writer.execute(sql)
+        finally:
+            if release.ident is None:  # the lock goes only after a first attempt met it, however slow
+                release.start()
+
+    retry(execute, "INSERT INTO t VALUES (2)")
     writer.commit()
-    assert time.monotonic() - start > 0.4  # it waited for the lock instead of failing
+    assert len(attempts) > 1  # it waited for the lock and tried again instead of failing
     assert writer.execute("SELECT x FROM t").fetchall() == [(2,)]
     release.join()
 
-    # Errors that waiting can't fix are raised at once.
-    start = time.monotonic()
+    # Errors that waiting can't fix are raised at once, without a second attempt.
+    attempts.clear()
     with pytest.raises(sqlite3.OperationalError, match="no such table"):
-        retry(writer.execute, "SELECT * FROM missing")
-    assert time.monotonic() - start < 0.5
+        retry(execute, "SELECT * FROM missing")
+    assert attempts == ["SELECT * FROM missing"]
 
 
 def test_uri_invocation_and_params(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -256,7 +266,30 @@ def test_cli(store: Path, sqlite_env: dict[str, str], capsys: pytest.CaptureFixt
         ["cli", "invocation-inv-test", "(invocation)", "FINISHED", "0"],
     ]
     assert main(["ui", "--results-dir", str(store), "--print-only"]) == 0
-    assert f"mlflow ui --backend-store-uri {tracking_uri(store)}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"mlflow ui --backend-store-uri {tracking_uri(store)}" in out
+    # The link to the experiment's runs, and the saved view it names, stored on the experiment.
+    exp = MlflowClient(tracking_uri(store)).get_experiment_by_name("cli")
+    assert f"experiment cli: open {runs_url('http://127.0.0.1:5000', exp.experiment_id)}" in out
+    key, _ = runs_view_tag()
+    view = json.loads(exp.tags[key])
+    assert view["name"] == "Runs by invocation"
+    group_by = json.loads(view["state"])["groupBy"]
+    assert group_by["groupByKeys"] == [{"mode": "tag", "groupByData": "rredcot.invocation"}]
+    assert "experiment Default" not in out  # no workflow runs there
+
+
+def test_runs_url() -> None:
+    # The runs page of MLflow 3.17's UI (model-training pages), in the saved view of the runs.
+    assert runs_url("http://127.0.0.1:5000/", "7") == (
+        "http://127.0.0.1:5000/#/experiments/7/runs"
+        "?workflowType=machine_learning&viewStateShareKey=runs-by-invocation"
+    )
+    key, value = runs_view_tag()
+    assert key == "mlflow.sharedViewState.runs-by-invocation"
+    envelope = json.loads(value)  # the envelope the UI reads: a name, times in ms, the state as a string
+    assert isinstance(envelope["name"], str) and isinstance(envelope["createdAt"], int)
+    assert isinstance(envelope["state"], str) and json.loads(envelope["state"])["groupBy"]
 
 
 def free_port() -> int:
@@ -280,7 +313,7 @@ def test_concurrent_jobs_on_tracking_server(tmp_path: Path, store: Path, sqlite_
     )  # fmt: skip
 
     def wait_until_up() -> None:
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + HANG_SECONDS
         while True:
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=2) as response:

@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
+from hangs import run_until_stalled
 from mlflow import MlflowClient
 
 from rredcot.settings.reads import CREDIT_OF_ARM, READS
@@ -36,13 +37,19 @@ ARMS = [
 ]
 
 
-def _run(args: list[str], results: Path, overlay: Path | None = None, **kw) -> subprocess.CompletedProcess:
+def _run(
+    args: list[str], results: Path, overlay: Path | None = None, watched: bool = False
+) -> subprocess.CompletedProcess:
+    """Snakemake on the smoke config; ``watched``: a run that may take long, killed only when nothing
+    under ``results`` and nothing in its output changes for a long while (tests/hangs.py)."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("RREDCOT_INVOCATION", None)
     configs = ["config/smoke.yaml", *([str(overlay)] if overlay else [])]
     cmd = [*SNAKEMAKE, "--configfile", *configs, "--config", f"results_dir={results}", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, **kw)
+    if watched:
+        return run_until_stalled(cmd, watch=[results], cwd=ROOT, env=env)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
 
 
 def _scheduled(proc: subprocess.CompletedProcess) -> dict[str, int]:
@@ -64,6 +71,14 @@ def test_bad_config_fails_before_any_job(tmp_path):
     assert "max_stepz" in proc.stdout + proc.stderr
 
 
+def test_a_setting_the_method_cannot_work_with_fails_before_any_job(tmp_path):
+    overlay = tmp_path / "bad.yaml"
+    overlay.write_text(yaml.safe_dump({"prompt": {"exit_string": ""}}))
+    proc = _run(["-n"], tmp_path, overlay)
+    assert proc.returncode != 0
+    assert "prompt.exit_string: must not be empty" in proc.stdout + proc.stderr
+
+
 def test_dry_run_lists_every_stage(tmp_path):
     jobs = _scheduled(_run(["-n"], tmp_path))
     runs = 2 * len(ARMS)  # every arm, two seeds; evaluation adds the base model's two seeds
@@ -80,7 +95,7 @@ def test_dry_run_lists_every_stage(tmp_path):
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> Path:
     results = tmp_path_factory.mktemp("smoke") / "results"
-    proc = _run(["--cores", "2", "all"], results, timeout=1500)
+    proc = _run(["--cores", "2", "all"], results, watched=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return results
 

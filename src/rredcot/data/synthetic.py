@@ -110,13 +110,23 @@ class TaskConfig:
             raise ValueError(f"ops must be a non-empty subset of {sorted(OP_WORDS)}")
         if set(self.noise_kinds) - set(NOISE_KINDS) or sum(self.noise_kinds.values()) <= 0:
             raise ValueError(f"noise_kinds must give positive total weight to kinds among {NOISE_KINDS}")
-        if not 0.0 <= self.label_noise <= 1.0:
-            raise ValueError("label_noise must be in [0, 1]")
-        if not 0.0 <= self.sft_exit_rows <= 1.0:
-            raise ValueError("sft_exit_rows must be in [0, 1]")
-        for name in ("teacher_misconceptions", "misconception_rate", "solution_slip_rate"):
+        if any(weight < 0 for weight in self.noise_kinds.values()):
+            raise ValueError(f"noise_kinds: weights must not be negative, got {self.noise_kinds}")
+        for name in (
+            "teacher_error_rate",
+            "teacher_misconceptions",
+            "misconception_rate",
+            "teacher_fix_rate",
+            "teacher_early_exit_rate",
+            "solution_slip_rate",
+            "sft_exit_rows",
+            "label_noise",
+        ):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1]")
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("n_sft", "n_rl", "n_test"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
 
 
 def apply_op(value: int, op: str, operand: int, modulus: int) -> int:

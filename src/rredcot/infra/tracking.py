@@ -237,8 +237,8 @@ class JobRun:
 
 
 # ---------------------------------------------------------------------------------- experiment/runs
-# The MLflow UI opens an experiment by its kind; ours hold training runs, not GenAI traces (without
-# the tag, MLflow 3's UI opens on its traces overview, showing "Traces 0").
+# Ours hold training runs, not GenAI traces. MLflow 3.17's UI does not open an experiment by this tag
+# (its GenAI / Model training switch decides): ``rredcot tracking ui`` prints the link to the runs.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 

@@ -10,8 +10,9 @@ class tree into what the rest of the project needs, so none of it is written twi
 - :func:`json_schema`: the JSON schema (types, enums, defaults, descriptions, bounds);
 - :func:`field_docs`: the attribute docstrings, for generated documentation.
 
-Bounds that a type cannot say go in the field's metadata (``field(default=4, metadata=at_least(1))``)
-and are checked here and written into the schema; cross-field rules stay in ``__post_init__``.
+Bounds that a type cannot say go in the field's metadata (``field(default=4, metadata=at_least(1))``,
+:func:`within`, :func:`not_blank`, :func:`not_empty`) and are checked here and written into the
+schema; cross-field rules stay in ``__post_init__``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,17 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import re
 import textwrap
 import types
 import typing
 from collections.abc import Mapping
 from functools import cache
 from typing import Any, Literal, get_args, get_origin
+
+_NOT_BLANK = r"\S"
+# The metadata keys that are JSON-schema keywords, written into the schema as they are.
+_SCHEMA_KEYS = ("minimum", "exclusiveMinimum", "maximum", "pattern", "minItems", "uniqueItems")
 
 
 class SettingsError(ValueError):
@@ -43,6 +49,16 @@ def at_least(minimum: float, exclusive: bool = False) -> dict[str, Any]:
 def within(minimum: float, maximum: float, exclusive_minimum: bool = False) -> dict[str, Any]:
     """Field metadata: a closed range (optionally open at the bottom)."""
     return {**at_least(minimum, exclusive_minimum), "maximum": maximum}
+
+
+def not_blank() -> dict[str, Any]:
+    """Field metadata: a string with at least one character that is not whitespace."""
+    return {"pattern": _NOT_BLANK}
+
+
+def not_empty(unique: bool = False) -> dict[str, Any]:
+    """Field metadata: a list with at least one item (and, if ``unique``, no item twice)."""
+    return {"minItems": 1, **({"uniqueItems": True} if unique else {})}
 
 
 @cache
@@ -156,9 +172,19 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
 
 
 def _check_meta(value: Any, meta: Mapping[str, Any], path: str) -> None:
-    """The bounds and the choices (``enum``) a field's metadata sets."""
+    """What a field's metadata sets: choices (``enum``), a pattern a string must match (``not_blank``),
+    a least length and distinct items of a list (``not_empty``), numeric bounds."""
     if "enum" in meta and value is not None and value not in meta["enum"]:
         raise SettingsError(path, f"expected one of {', '.join(map(repr, meta['enum']))}, got {value!r}")
+    if "pattern" in meta and isinstance(value, str) and not re.search(meta["pattern"], value):
+        if meta["pattern"] == _NOT_BLANK:
+            raise SettingsError(path, f"must not be empty or only whitespace, got {value!r}")
+        raise SettingsError(path, f"must match {meta['pattern']!r}, got {value!r}")
+    if isinstance(value, list | tuple):
+        if len(value) < meta.get("minItems", 0):
+            raise SettingsError(path, f"must hold at least {meta['minItems']} item(s), got {list(value)!r}")
+        if meta.get("uniqueItems") and len(set(map(repr, value))) < len(value):
+            raise SettingsError(path, f"must not hold an item twice, got {list(value)!r}")
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return
     if "minimum" in meta and value < meta["minimum"]:
@@ -242,7 +268,7 @@ def json_schema(cls: type) -> dict[str, Any]:
         if not f.init:
             continue
         node = _schema_of(hints[f.name])
-        node.update({k: v for k, v in f.metadata.items() if k in ("minimum", "exclusiveMinimum", "maximum")})
+        node.update({k: v for k, v in f.metadata.items() if k in _SCHEMA_KEYS})
         if "enum" in f.metadata:
             node = {"enum": list(f.metadata["enum"])}
         default = _default(f)

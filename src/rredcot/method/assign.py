@@ -161,8 +161,8 @@ class CreditConfig(CreditSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        C.credit_method(self.method)
-        if self.answer_baseline == "greedy" and not self.answer_prefix.strip():
+        reads_baseline = C.credit_method(self.method).needs_exit_values  # see read_by
+        if reads_baseline and self.answer_baseline == "greedy" and not self.answer_prefix.strip():
             raise ValueError("answer_baseline 'greedy' needs a non-blank answer_prefix to end the solution")
 
     @property

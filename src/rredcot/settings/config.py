@@ -24,7 +24,16 @@ import yaml
 
 from rredcot.data.cleaning import CleanSettings
 from rredcot.data.synthetic import TaskConfig
-from rredcot.infra.typed import SettingsError, at_least, build, json_schema, to_dict, within
+from rredcot.infra.typed import (
+    SettingsError,
+    at_least,
+    build,
+    json_schema,
+    not_blank,
+    not_empty,
+    to_dict,
+    within,
+)
 from rredcot.method.assign import (
     DEFAULT_ANSWER_PREFIX,
     DEFAULT_ANSWER_SUFFIX,
@@ -120,6 +129,14 @@ class Data:
     synthetic: TaskConfig = field(default_factory=TaskConfig)
     """The synthetic task (kind synthetic)."""
 
+    def __post_init__(self) -> None:
+        names = ("train", "heldout", *self.benchmarks)
+        for name, rows in self.max_rows.items():
+            if name not in names:
+                raise ValueError(f"max_rows.{name}: no such dataset (train, heldout or a benchmark)")
+            if rows < 1:
+                raise ValueError(f"max_rows.{name}: keep at least 1 row, got {rows}")
+
 
 @dataclass
 class Prompt:
@@ -127,7 +144,8 @@ class Prompt:
 
     style: Literal["template", "chat"] = "template"
     """template: the prompt is the filled template itself (the synthetic task). chat: the filled
-    template is the user message, rendered with the tokenizer's chat template (real chat models)."""
+    template is the user message, rendered with the tokenizer's chat template (real chat models:
+    model.kind pretrained)."""
     template: str = "Problem: {problem}\n<think>\n"
     """Prompt text (style template) or user message (style chat); {problem} is replaced by the problem
     statement. For chat models put the instruction here, e.g. "{problem}\\nPlease reason step by
@@ -137,11 +155,12 @@ class Prompt:
     think_start: str = ""
     """Text that opens the thinking block (e.g. "<think>\\n"), appended to the prompt unless the prompt
     already ends with it; empty = never appended."""
-    exit_string: str = DEFAULT_EXIT_STRING
+    exit_string: str = field(default=DEFAULT_EXIT_STRING, metadata=not_blank())
     """Text that closes the thinking block at an exit point (R1-style models use "\\n</think>\\n\\n").
     Evaluation reads the answer after it (in the whole completion when it is absent)."""
     answer_prefix: str = DEFAULT_ANSWER_PREFIX
-    """Text between the solution and the answer."""
+    """Text between the solution and the answer. Not blank where an arm scores exit values with the
+    greedy answer baseline (credit.answer_baseline): it tells where a decoded solution ends."""
     answer_suffix: str = DEFAULT_ANSWER_SUFFIX
     """Text after the answer."""
 
@@ -495,11 +514,11 @@ class ExperimentConfig:
     """rredcot workflow configuration. One file selects models, data and budgets for every stage;
     config/config.yaml is the embedded default (2-core CPU, no downloads). Unknown keys are errors."""
 
-    experiment: str = "rredcot-default"
+    experiment: str = field(default="rredcot-default", metadata=not_blank())
     """MLflow experiment name; every job of the workflow logs one run into it."""
-    results_dir: str = "results"
+    results_dir: str = field(default="results", metadata=not_blank())
     """Folder for all outputs (data, models, tables, figures, logs, the sqlite MLflow store)."""
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3], metadata=not_empty(unique=True))
     """RL seeds; every arm is trained once per seed. Four: on the default the oracle beats GRPO by
     +0.019 [+0.004, +0.034] with paired sampling, and in a six-seed run from the former SFT start
     every one of the 15 subsets of four seeds resolved it (docs/METHOD-NOTES.md, "Does credit
@@ -510,7 +529,9 @@ class ExperimentConfig:
     arms: dict[str, Arm] = field(default_factory=_default_arms)
     """Training arms, by name (letters, digits, '_' and '-'). Each is one credit method and one TRL
     loss type."""
-    run_arms: list[str] | None = field(default_factory=lambda: ["grpo", "rredcot", "mc", "oracle"])
+    run_arms: list[str] | None = field(
+        default_factory=lambda: ["grpo", "rredcot", "mc", "oracle"], metadata=not_empty(unique=True)
+    )
     """The arms this run trains and tabulates, in table order (null: every arm under arms). A recipe
     file cannot delete the default arms (config files merge), so it names its arms here. The default
     runs the arms that answer whether credit helps: GRPO, RREDCoT, the Monte Carlo reference and the
@@ -549,12 +570,49 @@ class ExperimentConfig:
         unknown = [a for a in self.run_arms or [] if a not in self.arms]
         if unknown:
             raise ValueError(f"run_arms: unknown arm(s) {', '.join(unknown)}")
+        prompt = self.prompt
         for name, arm in self.arms.items():
             where = f"arms.{name}.credit_options"
             try:
-                build(CreditSettings, _merge(to_dict(self.credit), arm.credit_options), where)
+                settings = build(CreditSettings, _merge(to_dict(self.credit), arm.credit_options), where)
             except SettingsError as exc:
                 raise ValueError(str(exc)) from None
+            try:  # the method's own rules on the arm's credit and the prompt's texts (see credit_config)
+                CreditConfig.from_settings(
+                    settings,
+                    method=arm.credit,
+                    exit_string=prompt.exit_string,
+                    answer_prefix=prompt.answer_prefix,
+                    answer_suffix=prompt.answer_suffix,
+                )
+            except ValueError as exc:
+                source = where if "answer_baseline" in arm.credit_options else "credit"
+                raise SettingsError(
+                    f"arms.{name}",
+                    f"{exc} (prompt.answer_prefix is {prompt.answer_prefix!r}, "
+                    f"{source}.answer_baseline {settings.answer_baseline!r})",
+                ) from None
+        for name in self.run_arms or self.arms:
+            if credit_method(self.arms[name].credit).needs_culprits and self.data.kind != "synthetic":
+                raise SettingsError(
+                    "run_arms",
+                    f"arm {name} (credit {self.arms[name].credit}) needs data.kind synthetic: only the "
+                    "synthetic task knows where a wrong trace first goes wrong",
+                )
+        unknown = [a for a in self.report.table2_arms if a not in self.arms]
+        if unknown:
+            raise SettingsError("report.table2_arms", f"unknown arm(s) {', '.join(unknown)}")
+        if prompt.style == "chat" and self.model.kind != "pretrained":
+            raise SettingsError(
+                "prompt.style",
+                "chat needs model.kind pretrained: a tokenizer trained here has no chat template",
+            )
+        if self.data.kind == "synthetic":
+            # The workflow trains on the rl split and evaluates on the test split (SFT on the sft split).
+            sizes = {"n_rl": "RL", "n_test": "evaluation", **({"n_sft": "SFT"} if self.sft.enabled else {})}
+            for key, use in sizes.items():
+                if getattr(self.data.synthetic, key) < 1:
+                    raise SettingsError(f"data.synthetic.{key}", f"{use} needs at least 1 row, got 0")
         if self.data.kind == "datasets":
             for key in ("train", "heldout"):
                 if getattr(self.data, key) is None:

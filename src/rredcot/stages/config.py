@@ -81,28 +81,29 @@ def render_yaml() -> str:
     return "\n".join(head + _yaml_lines(ExperimentConfig())) + "\n"
 
 
+_BOUNDS = {"minimum": ">= ", "exclusiveMinimum": "> ", "maximum": "<= "}
+
+
 def _type_text(node: dict[str, Any]) -> str:
     if "enum" in node:
         return " \\| ".join(f"`{json.dumps(v)}`" for v in node["enum"])
-    if "anyOf" in node:
-        return " or ".join(_type_text(n) for n in node["anyOf"])
     kind = node.get("type", "any")
-    if kind == "array":
-        return f"list of {_type_text(node.get('items', {}))}"
-    if kind == "object" and "additionalProperties" in node and node["additionalProperties"] is not False:
-        return f"mapping to {_type_text(node['additionalProperties'])}"
-    bounds = [f"{k} {node[k]}" for k in ("minimum", "exclusiveMinimum", "maximum") if k in node]
-    names = {"exclusiveMinimum": "> ", "minimum": ">= ", "maximum": "<= "}
-    text = {"null": "null", "object": "mapping"}.get(kind, kind)
-    if bounds:
-        text += (
-            " ("
-            + ", ".join(
-                f"{names[k]}{node[k]}" for k in ("minimum", "exclusiveMinimum", "maximum") if k in node
-            )
-            + ")"
-        )
-    return text
+    if "anyOf" in node:
+        text = " or ".join(_type_text(n) for n in node["anyOf"])
+    elif kind == "array":
+        text = f"list of {_type_text(node.get('items', {}))}"
+    elif kind == "object" and node.get("additionalProperties", False) is not False:
+        text = f"mapping to {_type_text(node['additionalProperties'])}"
+    else:
+        text = {"null": "null", "object": "mapping"}.get(kind, kind)
+    rules = [f"{name}{node[k]}" for k, name in _BOUNDS.items() if k in node]
+    if "pattern" in node:
+        rules.append("not blank" if node["pattern"] == r"\S" else f"matching `{node['pattern']}`")
+    if "minItems" in node:
+        rules.append(f"at least {node['minItems']} item{'s' * (node['minItems'] != 1)}")
+    if node.get("uniqueItems"):
+        rules.append("no repeats")
+    return f"{text} ({', '.join(rules)})" if rules else text
 
 
 def _md_cell(text: str) -> str:

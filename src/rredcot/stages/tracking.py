@@ -2,26 +2,89 @@
 
 The store is the one jobs write to (:func:`rredcot.infra.tracking.tracking_uri`): ``MLFLOW_TRACKING_URI``
 when set, else ``<results_dir>/mlflow.db``.
+
+``ui`` also prints, for each experiment with workflow runs, the link that opens its runs grouped by
+invocation, the last invocation first, each group unfolded. Opened from the home page, MLflow 3.17's
+UI shows an experiment's GenAI overview instead, with the runs one click away and folded under their
+invocation's parent run. The link asks for the UI's model-training pages (``workflowType``) and a
+saved view (``viewStateShareKey``, an experiment tag in the form the UI's "Views" menu writes) that
+groups the runs by the ``rredcot.invocation`` tag.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from urllib.parse import urlencode
 
 from mlflow import MlflowClient
 
 from rredcot.infra.logs import setup_logging
-from rredcot.infra.tracking import TAG_PREFIX, sqlite_path, tracking_uri
+from rredcot.infra.tracking import TAG_PREFIX, retry, sqlite_path, tracking_uri
+
+# The saved view of the runs, by the id the UI's link names it with (``viewStateShareKey``).
+RUNS_VIEW = "runs-by-invocation"
+_VIEW_TAG = "mlflow.sharedViewState."
+_VIEW_NAME = "Runs by invocation"
+_VIEW_STATE = {
+    "groupBy": {
+        "aggregateFunction": "average",
+        "groupByKeys": [{"mode": "tag", "groupByData": f"{TAG_PREFIX}invocation"}],
+    }
+}
 
 
 def _ui_command(uri: str, port: int) -> list[str]:
     return ["mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
+
+
+def runs_url(base: str, experiment_id: str) -> str:
+    """The UI link that opens an experiment's runs in the saved view :data:`RUNS_VIEW`."""
+    query = urlencode({"workflowType": "machine_learning", "viewStateShareKey": RUNS_VIEW})
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
+
+
+def runs_view_tag() -> tuple[str, str]:
+    """The experiment tag (key, value) that holds the saved view :data:`RUNS_VIEW`, in the envelope
+    MLflow 3.17's UI writes: a name, times in ms and the view state as a JSON string."""
+    now = int(time.time() * 1000)
+    envelope = {"name": _VIEW_NAME, "createdAt": now, "updatedAt": now, "state": json.dumps(_VIEW_STATE)}
+    return f"{_VIEW_TAG}{RUNS_VIEW}", json.dumps(envelope)
+
+
+def _print_links(uri: str, base: str) -> None:
+    """Print the runs link of each experiment with workflow runs (the latest invocation's first),
+    saving the view the link opens on an experiment that lacks it."""
+    db = sqlite_path(uri)
+    if db is not None and not db.exists():  # nothing logged yet: don't create the database
+        print(f"no runs yet: open {base}")
+        return
+    client = MlflowClient(uri)
+    found = []
+    for exp in retry(client.search_experiments):
+        last = retry(
+            client.search_runs,
+            [exp.experiment_id],
+            f"tags.`{TAG_PREFIX}kind` = 'invocation'",
+            max_results=1,
+            order_by=["attributes.start_time DESC"],
+        )
+        if last:
+            found.append((last[0].info.start_time, exp))
+    if not found:
+        print(f"no workflow runs yet: open {base}")
+    key, value = runs_view_tag()
+    for _, exp in sorted(found, key=lambda pair: pair[0], reverse=True):
+        if key not in exp.tags:
+            retry(client.set_experiment_tag, exp.experiment_id, key, value)
+        print(f"experiment {exp.name}: open {runs_url(base, exp.experiment_id)}", flush=True)
 
 
 def _host_name() -> str:
@@ -94,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     ui = sub.add_parser("ui", help="start the MLflow UI on the tracking store")
     ui.add_argument("--port", type=int, default=5000)
-    ui.add_argument("--print-only", action="store_true", help="only print the command")
+    ui.add_argument("--print-only", action="store_true", help="only print the command and the links")
     runs = sub.add_parser("runs", help="print a table of runs")
     runs.add_argument("--experiment", help="only this experiment")
     runs.add_argument("--invocation", help="only runs of this invocation id")
@@ -133,10 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "runs":
         return _print_runs(uri, args.experiment, args.invocation)
     if uri.startswith(("http://", "https://")):
-        print(f"tracking server: open {uri} in a browser")
+        print(f"tracking server {uri}:")
+        _print_links(uri, uri)
         return 0
     cmd = _ui_command(uri, args.port)
     print(shlex.join(cmd), flush=True)
+    _print_links(uri, f"http://127.0.0.1:{args.port}")
     if args.print_only:
         return 0
     # Run the mlflow of this interpreter, whatever is first on PATH.

@@ -17,6 +17,7 @@ from typing import Any
 
 from rredcot.data import synthetic
 from rredcot.data.grading import answers_equivalent, box_spans, parseable
+from rredcot.infra.typed import at_least, within
 
 Resolver = Callable[[dict[str, Any]], str | None]
 """Re-derives a row's answer independently; returns ``None`` when it has no opinion on the row."""
@@ -49,17 +50,17 @@ _PAREN_NUMBER_RE = re.compile(r"^\(\s*(-?\d+(?:\.\d+)?)\s*\)$")
 class CleanSettings:
     """Thresholds and switches of the cleaner (the ``clean`` config section; see the schema)."""
 
-    min_solution_steps: int = 2
+    min_solution_steps: int = field(default=2, metadata=at_least(0))
     require_solution: bool = True
-    near_duplicate_threshold: float = 0.75
-    shingle_size: int = 5
-    minhash_permutations: int = 128
+    near_duplicate_threshold: float = field(default=0.75, metadata=within(0, 1, exclusive_minimum=True))
+    shingle_size: int = field(default=5, metadata=at_least(1))
+    minhash_permutations: int = field(default=128, metadata=at_least(1))
     near_duplicate_strict: bool = True
-    max_field_chars: int = 100_000
+    max_field_chars: int = field(default=100_000, metadata=at_least(1))
     level_field: str = "level"
     resolve_model: str | None = None
-    resolve_samples: int = 5
-    resolve_max_new_tokens: int = 1024
+    resolve_samples: int = field(default=5, metadata=at_least(1))
+    resolve_max_new_tokens: int = field(default=1024, metadata=at_least(1))
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> CleanSettings:
