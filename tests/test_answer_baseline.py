@@ -9,7 +9,7 @@ import torch
 from tiny_models import tiny_llama, tiny_nemotron_h, tiny_qwen, tiny_qwen3_next
 
 from rredcot.method.answer_baseline import greedy_answer_log_probs
-from rredcot.method.exit_scoring import ScoringBudget
+from rredcot.method.scoring.types import ScoringBudget
 
 VOCAB = 53
 EOS = 1

@@ -16,14 +16,10 @@ from tiny_models import tiny_qwen
 
 import rredcot.method.forward as F
 from rredcot.method.answer_baseline import greedy_answer_log_probs
-from rredcot.method.exit_scoring import (
-    ExitStrings,
-    ScoringBudget,
-    TraceExits,
-    completion_entropies,
-    score_traces_naive,
-)
-from rredcot.method.prefix_scoring import score_traces_single_pass
+from rredcot.method.scoring.entropies import completion_entropies
+from rredcot.method.scoring.naive import score_traces_naive
+from rredcot.method.scoring.single_pass import score_traces_single_pass
+from rredcot.method.scoring.types import ExitStrings, ScoringBudget, TraceExits
 
 VOCAB = 61
 BUDGET = ScoringBudget(max_batch_tokens=300, max_mask_elements=40_000, max_logit_elements=5 * VOCAB)

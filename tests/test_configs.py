@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rredcot.settings.config import load_config
-from rredcot.stages import config as config_stage
+from rredcot.tools import config as config_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAYS = sorted(

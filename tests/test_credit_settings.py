@@ -12,7 +12,7 @@ from synthetic_setup import synthetic_setup
 
 from rredcot.method import credit as C
 from rredcot.method.assign import CreditAssigner, CreditSettings, MonteCarloSettings, TraceInput
-from rredcot.method.exit_scoring import ScoringBudget
+from rredcot.method.scoring.types import ScoringBudget
 from rredcot.method.segmentation import SegmentationConfig
 from rredcot.settings.config import credit_config
 

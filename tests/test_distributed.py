@@ -29,7 +29,7 @@ from hangs import HANG_SECONDS
 from jobs import CONFIGS, check_resumed, job_env, kill_when_saved, make_base, train_runs, write_config
 
 from rredcot.adapter.distributed import UnsupportedBackend, backend_name, check_backend
-from rredcot.stages.launch import free_port
+from rredcot.tools.launch import free_port
 
 TESTS = Path(__file__).resolve().parent
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rredcot.stages.gpu_check import main
+from rredcot.tools.gpu_check import main
 
 
 @pytest.mark.slow

@@ -26,12 +26,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 import rredcot.method.answer_baseline as AB
-import rredcot.method.exit_scoring as ES
 import rredcot.method.forward as F
-import rredcot.method.prefix_scoring as PS
+import rredcot.method.scoring.entropies as ENT
+import rredcot.method.scoring.naive as NAIVE
+import rredcot.method.scoring.single_pass as PS
 from rredcot.method.answer_baseline import greedy_answer_log_probs
-from rredcot.method.exit_scoring import ExitStrings, ScoringBudget, TraceExits, score_traces_naive
-from rredcot.method.prefix_scoring import score_traces_single_pass
+from rredcot.method.scoring.naive import score_traces_naive
+from rredcot.method.scoring.single_pass import score_traces_single_pass
+from rredcot.method.scoring.types import ExitStrings, ScoringBudget, TraceExits
 
 VOCAB = 61
 STRINGS = ExitStrings([3, 4], [5], [6])
@@ -81,7 +83,7 @@ def tracked(monkeypatch):
     """The mode, with ``to_host`` (the one sanctioned host read) counted in every module that uses it."""
     mode = DeviceTracker()
     transfers: list[int] = []
-    for module in (ES, PS, AB):
+    for module in (NAIVE, ENT, PS, AB):
 
         def counted(*tensors, real=F.to_host):  # noqa: ANN002, ANN202
             transfers.append(len(tensors))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import rredcot.stages.launch as L
+import rredcot.tools.launch as L
 from rredcot.settings.config import load_config
 
 CONFIG = "config/config.yaml"

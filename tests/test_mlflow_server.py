@@ -18,7 +18,7 @@ import pytest
 from hangs import HANG_SECONDS
 from mlflow import MlflowClient
 
-from rredcot.stages.tracking import main
+from rredcot.tools.tracking import main
 
 JOBS, RUNS_PER_JOB, STEPS = 4, 3, 10
 # One job process: several runs, each with params, a metric history and an artifact. It knows the

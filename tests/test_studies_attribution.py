@@ -13,7 +13,7 @@ from tiny_models import tiny_qwen
 from transformers import Qwen2ForCausalLM
 
 from rredcot.lm.modeling import train_tokenizer
-from rredcot.method.exit_scoring import ExitStrings
+from rredcot.method.scoring.types import ExitStrings
 from rredcot.studies.attribution import (
     AttrInput,
     attribute,

@@ -32,7 +32,7 @@ from rredcot.infra.tracking import (
     retry,
     tracking_uri,
 )
-from rredcot.stages.tracking import main, runs_url, runs_view_tag
+from rredcot.tools.tracking import main, runs_url, runs_view_tag
 
 STEPS = 30
 # A job process: signal readiness, wait for the common start signal (so that all processes hit the

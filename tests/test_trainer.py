@@ -299,7 +299,7 @@ def test_exit_points_stop_at_the_models_own_exit(setup, scorer):
 
 def test_answer_reward_is_own_minus_reference_answer_log_prob(setup):
     """r̂ of the answer segment, recomputed from naive teacher forcing of the two sequences."""
-    from rredcot.method.exit_scoring import score_exit_points
+    from rredcot.method.scoring.naive import score_exit_points
 
     cfg, tok, model, _, _ = setup
     assigner, ids, out = _assign(setup, WRONG_TRACE, scorer="single_pass", answer_baseline="reference")

@@ -7,7 +7,7 @@ TRL's sequence-mean loss (``loss_type="grpo"``) becomes ``Σ_t σ_t ℓ_t``. The
 bit for bit under every loss type), ``entropy`` weights tokens by the policy's entropy, ``rredcot``
 and ``rredcot+entropy`` spread the advantage over segments by the change of exit-point values,
 scored by teacher forcing the reference pairs with the value model in a single pass per trace
-(:mod:`rredcot.method.prefix_scoring`).
+(:mod:`rredcot.method.scoring.single_pass`).
 
 Distributed runs (``accelerate launch``: DDP, DeepSpeed ZeRO-1/2/3, FSDP2): the credit passes run on
 whole parameters (:func:`rredcot.adapter.distributed.scoring_model`), so each process scores its own slice

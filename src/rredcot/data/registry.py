@@ -27,7 +27,7 @@ Spec keys:
 ``description``
     Free text for people; ignored by the loader.
 
-``rredcot datasets NAME --out FILE`` (``rredcot.stages.datasets``) writes one registry dataset as JSONL.
+``rredcot datasets NAME --out FILE`` (``rredcot.tools.datasets``) writes one registry dataset as JSONL.
 """
 
 from __future__ import annotations

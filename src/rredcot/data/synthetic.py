@@ -21,6 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from rredcot.data.grading import grade
 from rredcot.infra.io import write_jsonl
 
 OP_WORDS = {"+": "add", "-": "minus", "*": "times"}
@@ -223,8 +224,7 @@ def culprit(problem: str, completion: str) -> tuple[str, int] | None:
                 kept.append((value, offset + match.start(4)))
         offset += len(line) + 1
     final = completion[end:] if end >= 0 else ""
-    answers = re.findall(r"\\boxed\{([^{}]*)\}", final)
-    if answers and answers[-1].strip() == str(truth[-1]):
+    if grade(final, str(truth[-1])):  # the run's own grading: the reward and the culprit agree
         return None
     written = [int(m.group(4)) for m in _EQUATION.finditer(final)]
     wrong = next((i for i, (v, t) in enumerate(zip(written, truth, strict=False)) if v != t), None)

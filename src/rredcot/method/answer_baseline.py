@@ -50,7 +50,6 @@ from torch import Tensor
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
-from rredcot.method.exit_scoring import ScoringBudget, length_chunks
 from rredcot.method.forward import (
     LogitHead,
     causal_states,
@@ -61,6 +60,8 @@ from rredcot.method.forward import (
     pad_right,
     to_host,
 )
+from rredcot.method.scoring.batching import length_chunks
+from rredcot.method.scoring.types import ScoringBudget
 
 _log = logging.getLogger(__name__)
 

@@ -21,15 +21,11 @@ import torch
 from rredcot.method import credit as C
 from rredcot.method import segmentation as S
 from rredcot.method.answer_baseline import greedy_answer_log_probs, written_solution
-from rredcot.method.exit_scoring import (
-    ExitStrings,
-    TraceExits,
-    TraceScores,
-    completion_entropies,
-    score_traces_naive,
-)
 from rredcot.method.forward import model_device
-from rredcot.method.prefix_scoring import ScoringBudget, score_traces_single_pass, supports_single_pass
+from rredcot.method.scoring.entropies import completion_entropies
+from rredcot.method.scoring.naive import score_traces_naive
+from rredcot.method.scoring.single_pass import score_traces_single_pass, supports_single_pass
+from rredcot.method.scoring.types import ExitStrings, ScoringBudget, TraceExits, TraceScores
 
 _log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ methods.
 The pipeline for one trace is::
 
     token texts + token entropies --piece_starts / merge_pieces--> segments
-    segments --exit_cuts--> exit points --(teacher forcing, exit_scoring.py)--> log p(u|s), log p(y|u,s)
+    segments --exit_cuts--> exit points --(teacher forcing, scoring/)--> log p(u|s), log p(y|u,s)
     --pr_log_value--> log v̂ per exit point --segment_rewards--> r̂_k --token_multiplier--> σ_t · |o|
 
 Exit-point convention

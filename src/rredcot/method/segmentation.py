@@ -7,7 +7,7 @@
 
 ``segment_trace`` runs the whole chain under a :class:`SegmentationConfig`. Segments are described by
 their start token indices ``[0, b_1, …, b_{K-1}]``; ``exit_cuts`` turns them into the K+1 exit points
-scored by ``rredcot.method.exit_scoring`` (see ``rredcot.method.credit`` for the convention).
+scored by ``rredcot.method.scoring`` (see ``rredcot.method.credit`` for the convention).
 
 Every step works on per-piece entropy sums and token lengths only, so the cost is linear in the trace
 length plus ``O(P log P)`` in the number of pieces P.

@@ -10,7 +10,7 @@ MLflow run (:mod:`rredcot.infra.resume`, docs/RESUME.md).
 ``RREDCoTTrainer`` (in :mod:`rredcot.adapter.trainer`) is the library entry point for TRL users; this module
 only wires the config to it.
 
-Launched by ``rredcot launch`` (:mod:`rredcot.stages.launch`) through ``accelerate launch`` when the config
+Launched by ``rredcot launch`` (:mod:`rredcot.tools.launch`) through ``accelerate launch`` when the config
 names an accelerate config: every process runs this module, and only the main process writes (the
 MLflow run, checkpoint bookkeeping, metrics, credit pictures, the model and the curve); the probe is
 split over all processes. Precision: float32 master weights and Adam states always; with

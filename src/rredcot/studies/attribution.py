@@ -18,7 +18,7 @@ pair ``(u_ref, y_ref)`` and the config's exit/answer strings, the full sequence 
   ``loo_k = log p(y_ref | u_ref, F) − log p(y_ref | u_ref, D_k)``: how much the reference answer's
   log-likelihood drops without the segment (positive: the segment helps). ``loo_value`` is the same
   difference for log v̂ = log p(u_ref|s) + log p(y_ref|u_ref,s) (thought and answer NLL together).
-  Both are scored by the teacher-forcing scorer of ``rredcot.method.exit_scoring``.
+  Both are scored by the teacher-forcing scorer of ``rredcot.method.scoring.naive``.
 - ``grad_norm``: with x_t the input embedding of token t of F, the L2 norm ‖∂ log p(y_ref | u_ref, F)
   / ∂x_t‖ summed over the segment's tokens (the segment's total sensitivity, like LOO which removes
   the whole segment; ``grad_norm_mean`` is the per-token mean). It is a magnitude: never negative.
@@ -55,7 +55,9 @@ from torch import Tensor
 from tqdm import tqdm
 
 from rredcot.infra.logs import setup_logging
-from rredcot.method.exit_scoring import ExitStrings, Job, chunk_jobs, make_jobs, model_device, score_jobs
+from rredcot.method.forward import model_device
+from rredcot.method.scoring.naive import Job, chunk_jobs, make_jobs, score_jobs
+from rredcot.method.scoring.types import ExitStrings
 
 _log = logging.getLogger(__name__)
 

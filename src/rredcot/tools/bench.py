@@ -38,8 +38,9 @@ from rredcot.infra.logs import setup_logging
 from rredcot.lm.modeling import load_model, random_qwen2, set_threads
 from rredcot.method import credit as C
 from rredcot.method import segmentation as S
-from rredcot.method.exit_scoring import ExitStrings, TraceExits, score_traces_naive
-from rredcot.method.prefix_scoring import ScoringBudget, score_traces_single_pass
+from rredcot.method.scoring.naive import score_traces_naive
+from rredcot.method.scoring.single_pass import score_traces_single_pass
+from rredcot.method.scoring.types import ExitStrings, ScoringBudget, TraceExits
 
 _log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ before it. The bound is what the budget admits for one pass: ``max_batch_tokens`
 and one layer's activations, ``max_logit_elements`` float32 logits three times over (logits,
 log-softmax, probabilities) and ``max_mask_elements`` mask entries (bool and float).
 
-    rredcot bench-memory --out results/bench/memory.json          # or: python -m rredcot.stages.bench_memory
+    rredcot bench-memory --out results/bench/memory.json          # or: python -m rredcot.tools.bench_memory
 
 The file also runs as a script against another checkout of the package (``PYTHONPATH=OTHER/src
 python src/rredcot/bench_memory.py``); it adapts to the older signatures, so that the same passes
@@ -46,9 +46,9 @@ def _model(args: argparse.Namespace) -> Any:
 
 def _budget(args: argparse.Namespace) -> Any:
     try:
-        from rredcot.method.exit_scoring import ScoringBudget
+        from rredcot.method.scoring.types import ScoringBudget
     except ImportError:  # older layout
-        from rredcot.method.prefix_scoring import ScoringBudget
+        from rredcot.method.scoring.types import ScoringBudget
     return ScoringBudget(max_batch_tokens=args.max_batch_tokens)
 
 
@@ -63,7 +63,7 @@ def budget_bound(args: argparse.Namespace, budget: Any) -> int:
 
 
 def _traces(args: argparse.Namespace, length: int, count: int) -> list[Any]:
-    from rredcot.method.exit_scoring import TraceExits
+    from rredcot.method.scoring.types import TraceExits
 
     rng = random.Random(length)
     out = []
@@ -98,7 +98,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     model, budget = _model(args), _budget(args)
-    from rredcot.method.exit_scoring import ExitStrings
+    from rredcot.method.scoring.types import ExitStrings
 
     strings = ExitStrings([3, 4, 5], [6, 7], [8])
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -126,12 +126,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     else:
         traces = [t for n in lengths for t in _traces(args, n, 1)]
         if args.child == "single_pass":
-            from rredcot.method.prefix_scoring import score_traces_single_pass
+            from rredcot.method.scoring.single_pass import score_traces_single_pass
 
             def work() -> Any:
                 return score_traces_single_pass(model, traces, strings, budget)
         elif args.child == "entropies":
-            from rredcot.method.exit_scoring import completion_entropies
+            from rredcot.method.scoring.entropies import completion_entropies
 
             def work() -> Any:
                 return _call(
@@ -141,7 +141,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     budget=budget,
                 )
         else:
-            from rredcot.method.exit_scoring import score_traces_naive
+            from rredcot.method.scoring.naive import score_traces_naive
 
             def work() -> Any:
                 return _call(score_traces_naive, model, traces, strings, budget=budget)
@@ -164,7 +164,7 @@ def _child_argv(args: argparse.Namespace, name: str, lengths: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "rredcot.stages.bench_memory",
+        "rredcot.tools.bench_memory",
         f"--child={name}",
         f"--lengths={lengths}",
         *flags,

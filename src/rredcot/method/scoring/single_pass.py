@@ -3,7 +3,7 @@
 (docs/METHOD-NOTES.md, "Scoring all exit points in one pass".)
 
 Every exit point of a trace reads the same prefix ``prompt ⊕ completion[:c]``, so scoring K exit
-points does not need K forward passes over growing prefixes (≈ K·L/2 tokens, ``exit_scoring.py``).
+points does not need K forward passes over growing prefixes (≈ K·L/2 tokens, ``naive.py``).
 Here it costs about ``L + K·A`` tokens:
 
 1. **Trace pass.** One forward over ``prompt ⊕ completion`` per trace (batched, right-padded) keeps
@@ -50,17 +50,6 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rredcot.method.exit_scoring import (
-    ExitStrings,
-    ScoringBudget,
-    TraceExits,
-    TraceScores,
-    completion_predictions_at,
-    distinct_traces,
-    length_chunks,
-    spans,
-    split_predictions,
-)
 from rredcot.method.forward import (
     LogitHead,
     compute_dtype,
@@ -70,8 +59,11 @@ from rredcot.method.forward import (
     pad_right,
     to_host,
 )
+from rredcot.method.scoring.batching import distinct_traces, length_chunks, spans
+from rredcot.method.scoring.entropies import completion_predictions_at, split_predictions
+from rredcot.method.scoring.types import ExitStrings, ScoringBudget, TraceExits, TraceScores
 
-__all__ = ["ScoringBudget", "score_traces_single_pass", "supports_single_pass"]
+__all__ = ["score_traces_single_pass", "supports_single_pass"]
 
 # Attention implementations known to honour an arbitrary 4D additive mask.
 MASK_CAPABLE = ("eager", "sdpa")
@@ -395,7 +387,7 @@ def score_traces_single_pass(
     ``traces[i].cuts`` gives the exit points; when it is None, ``cuts_for(i, entropies)`` chooses
     them from the completion's token entropies (bits) of the trace pass, so segmentation costs no
     extra forward pass. Returns, per trace, the entropies and float32 ``log p(u|s)``, ``log p(y|u,s)``
-    of shape [n_cuts, n_pairs], equal to ``exit_scoring.score_traces_naive`` up to float round-off.
+    of shape [n_cuts, n_pairs], equal to ``naive.score_traces_naive`` up to float round-off.
     The model's train/eval mode is left as the caller set it.
     """
     budget = budget or ScoringBudget()

@@ -246,8 +246,8 @@ def synthetic_traces(
 
 def _forward(model, items, budget, device, dtype) -> float:
     """Seconds of one plain forward (decoder) over the traces, in the trace pass's chunks."""
-    from rredcot.method.exit_scoring import length_chunks
     from rredcot.method.forward import decoder_states
+    from rredcot.method.scoring.batching import length_chunks
 
     seqs = [[*t.prompt_ids, *t.completion_ids] for t in items]
     with Meter(device) as m, torch.inference_mode(), _autocast(device, dtype):
@@ -276,8 +276,9 @@ def _suffix_tokens(assigner, items, credits) -> tuple[int, int]:
 
 def _naive_against_single(model, assigner, items, credits, device, dtype) -> dict[str, Any]:
     """Single-pass and naive scoring of the same traces and exit points."""
-    from rredcot.method.exit_scoring import TraceExits, score_traces_naive
-    from rredcot.method.prefix_scoring import score_traces_single_pass
+    from rredcot.method.scoring.naive import score_traces_naive
+    from rredcot.method.scoring.single_pass import score_traces_single_pass
+    from rredcot.method.scoring.types import TraceExits
 
     specs = [
         TraceExits(
@@ -419,9 +420,9 @@ def batch_section(name: str, config: str, device: torch.device, tiny: bool) -> d
 
 def scoring_section(shapes: dict[str, dict], vocab: int, lengths: list[int], exits: int, device) -> dict:
     """Single-pass scoring of one trace per length, per shape, against one forward and the bound."""
-    from rredcot.method.exit_scoring import ExitStrings, TraceExits
     from rredcot.method.forward import decoder_states
-    from rredcot.method.prefix_scoring import ScoringBudget, score_traces_single_pass
+    from rredcot.method.scoring.single_pass import score_traces_single_pass
+    from rredcot.method.scoring.types import ExitStrings, ScoringBudget, TraceExits
 
     strings = ExitStrings([10, 11, 12], [13, 14], [15])
     budget = ScoringBudget()

@@ -8,8 +8,10 @@ import pytest
 import torch
 from tiny_models import tiny_llama, tiny_qwen
 
-from rredcot.method.exit_scoring import ExitStrings, TraceExits, completion_entropies, score_traces_naive
-from rredcot.method.prefix_scoring import ScoringBudget, score_traces_single_pass, supports_single_pass
+from rredcot.method.scoring.entropies import completion_entropies
+from rredcot.method.scoring.naive import score_traces_naive
+from rredcot.method.scoring.single_pass import score_traces_single_pass, supports_single_pass
+from rredcot.method.scoring.types import ExitStrings, ScoringBudget, TraceExits
 
 VOCAB = 61
 ATOL = 2e-4  # sums of up to ~40 float32 log-probs
@@ -152,7 +154,7 @@ def test_model_mode_untouched_and_flash_attention_refused() -> None:
 
 def test_repeated_traces_and_shared_prefixes_are_scored_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A sampled group repeats itself: the copies get the scores of one run, equal to naive scoring."""
-    import rredcot.method.prefix_scoring as P
+    import rredcot.method.scoring.single_pass as P
 
     model = MODELS["qwen2-sdpa"]()
     rng = random.Random(11)

@@ -8,7 +8,8 @@ from tiny_models import tiny_qwen
 from transformers import Qwen2ForCausalLM
 
 from rredcot.method.credit import pr_log_value
-from rredcot.method.exit_scoring import ExitScores, score_exit_points, score_reference_pairs
+from rredcot.method.scoring.naive import score_exit_points, score_reference_pairs
+from rredcot.method.scoring.types import ExitScores
 
 VOCAB = 50
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_log = logging.getLogger("rredcot.stages.launch")
+_log = logging.getLogger("rredcot.tools.launch")
 STAGE_MODULES = {"train": "rredcot.stages.train", "sft": "rredcot.stages.sft"}
 
 
