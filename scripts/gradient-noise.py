@@ -30,8 +30,8 @@ from rredcot.data import synthetic as syn
 from rredcot.data.grading import extract_boxed
 from rredcot.lm.generation import HFGenerator
 from rredcot.lm.modeling import load_model, load_tokenizer, set_threads
-from rredcot.method.assign import CreditAssigner, TraceInput
-from rredcot.method.segmentation import token_at
+from rredcot.method.assign import CreditAssigner
+from rredcot.method.registry import TraceInput
 from rredcot.settings.config import credit_config, load_config
 
 
@@ -55,9 +55,7 @@ def batch_gradients(model, tok, gen, rows, cfg, arms, assigners, seed) -> dict[s
         prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
         for completion, a in zip(group, advantage.tolist(), strict=True):
             ids = completion.token_ids
-            texts = assigners[arms[0]].token_texts(ids)
-            char = syn.culprit_offset(row, "".join(texts))
-            culprit = None if char is None else token_at(texts, char)
+            culprit = syn.culprit_offset(row, assigners[arms[0]].completion_text(ids))
             pairs = [(row["solution"] or "", row["answer"])]
             items.append(TraceInput(prompt_ids, ids, a, pairs, culprit=culprit))
     if not items:

@@ -20,7 +20,9 @@ import torch.distributed as dist
 from tiny_models import CharTokens, tiny_qwen
 
 from rredcot.adapter.distributed import whole_parameters
-from rredcot.method.assign import CreditAssigner, CreditConfig, TraceInput
+from rredcot.method.assign import CreditAssigner
+from rredcot.method.registry import TraceInput
+from rredcot.method.settings import CreditConfig
 
 
 def items(tok: CharTokens, n: int, seed: int) -> list[TraceInput]:

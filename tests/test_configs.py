@@ -114,7 +114,7 @@ def test_the_embedded_default_is_the_settings_tree() -> None:
 
 
 def test_arm_credit_choices_are_the_registered_methods() -> None:
-    from rredcot.method.credit import CREDIT_METHODS
+    from rredcot.method.registry import CREDIT_METHODS
     from rredcot.settings.config import schema
 
     arm = schema()["properties"]["arms"]["additionalProperties"]["properties"]

@@ -10,9 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rredcot.method.credit import (
-    CREDIT_METHODS,
     LOG_VALUE_FLOOR,
-    credit_multiplier,
     entropy_multiplier,
     exit_log_values,
     pr_log_value,
@@ -23,6 +21,7 @@ from rredcot.method.credit import (
     token_sigma,
     value_rewards,
 )
+from rredcot.method.registry import CREDIT_METHODS, credit_multiplier
 
 FAST = settings(max_examples=200, deadline=None)
 
@@ -96,17 +95,18 @@ def test_segment_rewards_batched() -> None:
 
 def test_value_rewards_linear_are_value_changes_over_the_largest_value() -> None:
     log_values = torch.tensor([0.5, 0.4, 0.1], dtype=torch.float64).log()
-    torch.testing.assert_close(value_rewards(log_values), torch.tensor([-0.2, -0.6], dtype=torch.float64))
+    linear = value_rewards(log_values, "linear")
+    torch.testing.assert_close(linear, torch.tensor([-0.2, -0.6], dtype=torch.float64))
     # The answer segment: the value after the model's own final solution is the exit's value times
     # the ratio, here 0.1 -> 0.05.
     with_answer = value_rewards(log_values, "linear", math.log(0.5))
     torch.testing.assert_close(with_answer, torch.tensor([-0.2, -0.6, -0.1], dtype=torch.float64))
     # Values far below float range keep their ratios; zero values are finite and differ by 0.
     tiny = value_rewards(
-        torch.tensor([-900.0, -900.0 + math.log(0.25), -math.inf, -math.inf], dtype=torch.float64)
+        torch.tensor([-900.0, -900.0 + math.log(0.25), -math.inf, -math.inf], dtype=torch.float64), "linear"
     )
     torch.testing.assert_close(tiny, torch.tensor([-0.75, -0.25, 0.0], dtype=torch.float64))
-    assert value_rewards(torch.full((3,), -math.inf)).abs().sum().item() == 0.0
+    assert value_rewards(torch.full((3,), -math.inf), "linear").abs().sum().item() == 0.0
     with pytest.raises(ValueError, match="value space"):
         value_rewards(log_values, "logit")
 
@@ -275,13 +275,13 @@ def test_sigma_rejects_bad_input() -> None:
     with pytest.raises(ValueError):
         token_sigma(ids, torch.tensor([1.0, 2.0]), 1.0, mix=1.5)
     with pytest.raises(ValueError):
-        token_sigma(ids, torch.tensor([1.0]), 1.0)
+        token_sigma(ids, torch.tensor([1.0]), 1.0, 0.5)
     with pytest.raises(ValueError):
-        token_sigma(ids, torch.tensor([1.0, math.nan]), 1.0)
+        token_sigma(ids, torch.tensor([1.0, math.nan]), 1.0, 0.5)
 
 
 def test_sigma_all_padding() -> None:
-    assert torch.equal(token_sigma(torch.tensor([-1, -1]), torch.tensor([1.0]), 1.0), torch.zeros(2))
+    assert torch.equal(token_sigma(torch.tensor([-1, -1]), torch.tensor([1.0]), 1.0, 0.5), torch.zeros(2))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -372,15 +372,15 @@ def test_rredcot_entropy_spreads_segment_share_by_entropy() -> None:
 
 def test_credit_methods_reject_missing_inputs() -> None:
     with pytest.raises(ValueError, match="unknown credit method"):
-        credit_multiplier("magic", 3, 1.0)
+        credit_multiplier("magic", 3, 1.0, 0.5)
     with pytest.raises(ValueError, match="entropies"):
-        credit_multiplier("entropy", 3, 1.0)
+        credit_multiplier("entropy", 3, 1.0, 0.5)
     with pytest.raises(ValueError, match="segment"):
-        credit_multiplier("rredcot", 3, 1.0, entropies=torch.ones(3))
+        credit_multiplier("rredcot", 3, 1.0, 0.5, entropies=torch.ones(3))
     with pytest.raises(ValueError, match="entropies"):
         credit_multiplier("rredcot+entropy", 2, 1.0, 0.5, torch.tensor([0, 0]), torch.zeros(1))
     with pytest.raises(ValueError, match="2 entropies for 3 tokens"):
-        credit_multiplier("entropy", 3, 1.0, entropies=torch.ones(2))
+        credit_multiplier("entropy", 3, 1.0, 0.5, entropies=torch.ones(2))
 
 
 def test_exit_log_values_uniform_proposal_and_utilities() -> None:

@@ -10,10 +10,11 @@ import pytest
 import torch
 from synthetic_setup import synthetic_setup
 
-from rredcot.method import credit as C
-from rredcot.method.assign import CreditAssigner, CreditSettings, MonteCarloSettings, TraceInput
+from rredcot.method.assign import CreditAssigner
+from rredcot.method.registry import CREDIT_METHODS, TraceInput, credit_method
 from rredcot.method.scoring.types import ScoringBudget
 from rredcot.method.segmentation import SegmentationConfig
+from rredcot.method.settings import CreditSettings, MonteCarloSettings
 from rredcot.settings.config import credit_config
 
 PROBLEM = "Start at 9, times 2, add 6. Work mod 10."
@@ -55,7 +56,7 @@ def _sigma(setup, method: str, changes: dict) -> torch.Tensor:
     assigner = CreditAssigner(tok, credit)
     prompt = assigner.encode(f"Problem: {PROBLEM}\n<think>\n")
     ids = assigner.encode(WRONG) + [tok.eos_token_id]
-    culprit = len(assigner.encode(WRONG[: WRONG.index("5.\nCheck")]))
+    culprit = WRONG.index("5.\nCheck")  # the character where the trace first goes wrong
 
     def rollouts(policy, items, cuts):
         # Deterministic outcome sums that fall by one success per cut: the values depend on M.
@@ -67,9 +68,9 @@ def _sigma(setup, method: str, changes: dict) -> torch.Tensor:
     return out.multiplier
 
 
-@pytest.mark.parametrize("method", sorted(C.CREDIT_METHODS))
+@pytest.mark.parametrize("method", sorted(CREDIT_METHODS))
 def test_settings_a_method_does_not_read_leave_its_credit_alone(setup, method: str) -> None:
-    read = CreditSettings.read_by(C.credit_method(method))
+    read = CreditSettings.read_by(credit_method(method))
     assert set(OTHER) == {f.name for f in dataclasses.fields(CreditSettings)}
     before = _sigma(setup, method, {})
     unread = {name: value for name, value in OTHER.items() if name not in read}
@@ -77,6 +78,6 @@ def test_settings_a_method_does_not_read_leave_its_credit_alone(setup, method: s
     if "mix" in read:
         assert not torch.allclose(_sigma(setup, method, {"mix": 1.0}), before)
     else:
-        assert C.credit_method(method).uniform and torch.equal(before, torch.ones_like(before))
+        assert credit_method(method).uniform and torch.equal(before, torch.ones_like(before))
     if "value_space" in read:  # the wrong trace loses value in more than one segment
         assert not torch.allclose(_sigma(setup, method, {"value_space": "log"}), before)

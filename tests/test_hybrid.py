@@ -14,10 +14,12 @@ import pytest
 import torch
 from tiny_models import CharTokens, tiny_nemotron_h, tiny_qwen, tiny_qwen3_next
 
-from rredcot.method.assign import CreditAssigner, CreditConfig, TraceInput
+from rredcot.method.assign import CreditAssigner
+from rredcot.method.registry import TraceInput
 from rredcot.method.scoring.naive import score_traces_naive
 from rredcot.method.scoring.single_pass import supports_single_pass
 from rredcot.method.scoring.types import TraceExits
+from rredcot.method.settings import CreditConfig
 
 VOCAB = 40
 HYBRIDS = {"qwen3-next": tiny_qwen3_next, "nemotron-h": tiny_nemotron_h}

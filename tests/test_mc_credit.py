@@ -11,10 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synthetic_setup import arm_trainer, assert_redistributed, one_credit_step, synthetic_setup
 
-from rredcot.data.records import row_reward
+from rredcot.data.records import rl_records, row_reward
+from rredcot.lm.rollouts import PolicyRollouts
 from rredcot.method import credit as C
 from rredcot.method import segmentation as S
-from rredcot.method.assign import CreditAssigner, MonteCarloSettings, TraceInput, credit_record
+from rredcot.method.assign import CreditAssigner, credit_record
+from rredcot.method.registry import TraceInput
+from rredcot.method.settings import MonteCarloSettings
 from rredcot.settings.config import credit_config
 from rredcot.viz.credit_record import validate_record
 
@@ -148,21 +151,27 @@ def test_traces_sharing_a_prefix_share_its_rollouts(setup):
     """A group's traces share their prompt: its rollouts are generated once and graded once per row;
     the same prefix under another label (a duplicated problem) is graded against that label."""
     scored = []
+    cfg, tok, model, splits, _ = setup
+    dataset = rl_records(splits["rl"], cfg["prompt"]["template"])
 
-    def reward(row, text):
-        scored.append((row["answer"], text))
-        return row_reward(row, text)
+    def rollouts(rows):  # noqa: ANN202
+        def reward(j, text):  # noqa: ANN202
+            scored.append((rows[j]["answer"], text))
+            return row_reward(rows[j], text)
 
-    trainer, dataset = arm_trainer(setup, "mc", rollout_reward=reward)
-    trainer.model.eval()
-    tok = trainer.processing_class
+        keys = [repr(sorted(row.items())) for row in rows]
+        sampling = {"temperature": 1.0, "top_p": 1.0, "seed": (0,)}
+        return PolicyRollouts(tok, reward, keys, samples=3, batch_size=8, max_new_tokens=8, **sampling)
+
+    model.eval()
     prompt = tok(dataset[0]["prompt"], add_special_tokens=False)["input_ids"]
     first = tok("First,", add_special_tokens=False)["input_ids"]
     other = tok("Now,", add_special_tokens=False)["input_ids"]
     items = [TraceInput(prompt, first + [tok.eos_token_id], -1.0, []), TraceInput(prompt, other, 1.0, [])]
     cuts = [[0, len(first)], [0, len(other)]]
-    sums = trainer._mc_rollouts([dataset[0], dataset[0]])(trainer.model, items, cuts)
-    assert trainer._rollout_counts[0] == 3 * 3  # three distinct prefixes, M = 3 each
+    sampler = rollouts([dataset[0], dataset[0]])
+    sums = sampler(model, items, cuts)
+    assert sampler.rollouts == 3 * 3  # three distinct prefixes, M = 3 each
     assert len(scored) == 3 * 3  # each distinct prefix's M rollouts are graded once
     assert sums[0][0] == sums[1][0]  # the shared prompt's rollouts, scored alike
     assert all(0 <= v <= 3 for trace in sums for v in trace)
@@ -170,9 +179,8 @@ def test_traces_sharing_a_prefix_share_its_rollouts(setup):
     # The same problem under another label: same prefixes, so the same rollouts, graded twice.
     relabelled = {**dataset[0], "answer": str((int(dataset[0]["answer"]) + 1) % 10)}
     scored.clear()
-    sums = trainer._mc_rollouts([dataset[0], relabelled])(trainer.model, [items[0], items[0]], [cuts[0]] * 2)
-    assert trainer._rollout_counts[0] == 2 * 3  # two distinct prefixes, generated once
+    sampler = rollouts([dataset[0], relabelled])
+    sums = sampler(model, [items[0], items[0]], [cuts[0]] * 2)
+    assert sampler.rollouts == 2 * 3  # two distinct prefixes, generated once
     assert len(scored) == 2 * 2 * 3  # ... and graded against each label
     assert {a for a, _ in scored} == {dataset[0]["answer"], relabelled["answer"]}
-    texts = [t for a, t in scored if a == dataset[0]["answer"]]
-    assert texts == [t for a, t in scored if a == relabelled["answer"]]

@@ -13,7 +13,8 @@ from rredcot.adapter.experiment import grpo_args
 from rredcot.data.synthetic import culprit, culprit_offset
 from rredcot.method import credit as C
 from rredcot.method import segmentation as S
-from rredcot.method.assign import CreditAssigner, TraceInput
+from rredcot.method.assign import CreditAssigner
+from rredcot.method.registry import TraceInput, credit_method
 from rredcot.settings.config import credit_config
 
 PROBLEM = "Start at 9, times 2, add 6. Work mod 10."  # 9 * 2 = 8, 8 + 6 = 4
@@ -68,7 +69,7 @@ def test_oracle_sigma_puts_the_blame_on_the_culprit(lengths, data, mix, advantag
     n = sum(lengths)
     ids = S.segment_ids_from_starts(starts, n)
     sigma = (
-        C.credit_method("oracle").multiplier(n, advantage, mix, ids, C.oracle_segment_rewards(len(starts), k))
+        credit_method("oracle").multiplier(n, advantage, mix, ids, C.oracle_segment_rewards(len(starts), k))
         / n
     )
     assert (sigma >= 0).all() and abs(float(sigma.sum()) - 1.0) < 1e-5
@@ -96,7 +97,7 @@ def _oracle_credit(setup, completion: str, culprit_char: int | None, advantage: 
         ends = torch.tensor([len(t) for t in texts]).cumsum(0)
         token = int((ends > culprit_char).nonzero()[0])
     model.eval()
-    (out,) = assigner.assign(model, [TraceInput(prompt, ids, advantage, [], culprit=token)])
+    (out,) = assigner.assign(model, [TraceInput(prompt, ids, advantage, [], culprit=culprit_char)])
     return texts, token, out
 
 

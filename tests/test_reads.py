@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rredcot.method.assign import CreditSettings
-from rredcot.method.credit import credit_method
+from rredcot.method.registry import credit_method
+from rredcot.method.settings import CreditSettings
 from rredcot.settings.config import ConfigError, credit_config, validate
 from rredcot.settings.reads import CREDIT_OF_ARM, READS, UndeclaredSetting, stage_settings, stage_view
 from rredcot.stages import sft as sft_stage

@@ -169,31 +169,32 @@ def test_enforce_min_length_properties(data: tuple[list[float], list[int]], min_
 def test_homogenize_lowers_variance() -> None:
     entropies, lengths = [5.0, 5.0, 1.0, 1.0], [1, 1, 1, 1]
     # Sums (11, 1) -> (10, 2) -> (5, 7); emptying the first segment is not allowed.
-    groups = homogenize_groups(entropies, lengths, [[0, 1, 2], [3]])
+    groups = homogenize_groups(entropies, lengths, [[0, 1, 2], [3]], 1)
     assert groups == [[0], [1, 2, 3]]
     assert _variance(entropies, groups) < _variance(entropies, [[0, 1, 2], [3]])
     # Three segments, sums (2, 2, 4) -> (2, 3, 3): the second boundary moves right by one piece.
     entropies = [2.0, 2.0, 1.0, 1.0, 1.0, 1.0]
-    assert homogenize_groups(entropies, [1] * 6, [[0], [1], [2, 3, 4, 5]]) == [[0], [1, 2], [3, 4, 5]]
+    assert homogenize_groups(entropies, [1] * 6, [[0], [1], [2, 3, 4, 5]], 1) == [[0], [1, 2], [3, 4, 5]]
     # Single-piece moves stop at a plateau: (1, 1, 4) -> (1, 2, 3), and every further move keeps the
     # sum of squares at 14, so the balanced (2, 2, 2) is not reached.
-    assert homogenize_groups([1.0] * 6, [1] * 6, [[0], [1], [2, 3, 4, 5]]) == [[0], [1, 2], [3, 4, 5]]
+    assert homogenize_groups([1.0] * 6, [1] * 6, [[0], [1], [2, 3, 4, 5]], 1) == [[0], [1, 2], [3, 4, 5]]
 
 
 def test_homogenize_changes_nothing_when_balanced_or_blocked() -> None:
-    assert homogenize_groups([2.0, 2.0, 2.0, 2.0], [1] * 4, [[0, 1], [2, 3]]) == [[0, 1], [2, 3]]
+    assert homogenize_groups([2.0, 2.0, 2.0, 2.0], [1] * 4, [[0, 1], [2, 3]], 1) == [[0, 1], [2, 3]]
     # Moving piece 3 left would give (3, 11), worse than (4, 10); moving right would empty segment 1.
-    assert homogenize_groups([1.0, 1.0, 1.0, 1.0, 10.0], [1] * 5, [[0, 1, 2, 3], [4]]) == [[0, 1, 2, 3], [4]]
+    groups = [[0, 1, 2, 3], [4]]
+    assert homogenize_groups([1.0, 1.0, 1.0, 1.0, 10.0], [1] * 5, groups, 1) == groups
     # The minimum length blocks the move that would even out (11, 1).
     assert homogenize_groups([5.0, 5.0, 1.0, 1.0], [1, 1, 1, 1], [[0, 1, 2], [3]], min_tokens=3) == [
         [0, 1, 2],
         [3],
     ]
     # One segment or none: nothing to move.
-    assert homogenize_groups([1.0, 2.0], [1, 1], [[0, 1]]) == [[0, 1]]
-    assert homogenize_groups([], [], []) == []
+    assert homogenize_groups([1.0, 2.0], [1, 1], [[0, 1]], 1) == [[0, 1]]
+    assert homogenize_groups([], [], [], 1) == []
     with pytest.raises(ValueError):
-        homogenize_groups([1.0, 2.0], [1, 1], [[0], [0, 1]])
+        homogenize_groups([1.0, 2.0], [1, 1], [[0], [0, 1]], 1)
 
 
 @FAST
@@ -219,7 +220,7 @@ def test_segment_pieces_properties(
     data: tuple[list[float], list[int]], n_segments: int, min_tokens: int
 ) -> None:
     entropies, lengths = data
-    groups = segment_pieces(entropies, lengths, n_segments, min_tokens)
+    groups = segment_pieces(entropies, lengths, n_segments, min_tokens, homogenize=True)
     assert _is_cover(groups, len(entropies))
     assert len(groups) <= n_segments
     if sum(lengths) >= min_tokens:

@@ -16,7 +16,8 @@ from rredcot.adapter.trainer import CreditConfig, RREDCoTTrainer
 from rredcot.data.records import correctness_reward, rl_records
 from rredcot.data.synthetic import TaskConfig, generate_splits
 from rredcot.lm.modeling import build_scratch_model, train_tokenizer
-from rredcot.method.assign import CreditAssigner, TraceInput
+from rredcot.method.assign import CreditAssigner
+from rredcot.method.registry import TraceInput
 from rredcot.method.segmentation import find_text, thinking_end
 from rredcot.settings.config import credit_config, load_config
 

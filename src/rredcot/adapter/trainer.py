@@ -31,16 +31,11 @@ from trl import GRPOTrainer
 
 from rredcot.adapter.distributed import check_backend, gather_objects, scoring_model
 from rredcot.data.grading import grade
-from rredcot.lm.generation import HFGenerator, sample_seed
-from rredcot.method.assign import (
-    CreditAssigner,
-    CreditConfig,
-    Rollouts,
-    TraceCredit,
-    TraceInput,
-    credit_record,
-)
-from rredcot.method.segmentation import token_at
+from rredcot.lm.generation import sample_seed
+from rredcot.lm.rollouts import PolicyRollouts
+from rredcot.method.assign import CreditAssigner, TraceCredit, credit_record
+from rredcot.method.registry import TraceInput
+from rredcot.method.settings import CreditConfig
 
 __all__ = ["CreditConfig", "RREDCoTTrainer", "TraceCredit", "credit_record"]
 
@@ -92,13 +87,12 @@ class RREDCoTTrainer(GRPOTrainer):
                 "completion's text for its dataset row, to score the policy rollouts from each exit point"
             )
         self.rollout_reward = rollout_reward
-        self._rollout_counts = [0, 0]  # rollouts and generated tokens of the current batch
         self.credit_views: list[dict[str, Any]] = []
         self.assigner = CreditAssigner(self.processing_class, self.credit)
         self._value_model: torch.nn.Module | None = None
         if not self.credit.kind.uniform:
             check_backend(self.accelerator, self.args.ds3_gather_for_generation)
-        if self.credit.kind.needs_exit_values and self.credit.value_model == "reference":
+        if self.credit.kind.needs_reference_pairs and self.credit.value_model == "reference":
             # TRL keeps a reference model only when beta > 0; otherwise load a frozen one of the start.
             self._value_model = self.ref_model if self.ref_model is not None else self._frozen_start()
         if not self.credit.kind.uniform and self.loss_type != "grpo":
@@ -239,10 +233,9 @@ class RREDCoTTrainer(GRPOTrainer):
         advantages = out["advantages"]
         per_token = torch.ones(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
         lengths = completion_mask.sum(dim=1).tolist()
-        exit_values = self.credit.kind.needs_exit_values
-        mc = self.credit.kind.needs_rollouts
+        method = self.credit.kind
         finals = None
-        if exit_values and self.credit.group_pairs:  # a collective: every process, every batch
+        if method.needs_reference_pairs and self.credit.group_pairs:  # a collective: every process
             every = [completion_ids[i][: lengths[i]].tolist() for i in range(len(inputs))]
             finals = self._group_finals(
                 inputs, self.processing_class.batch_decode(every, skip_special_tokens=True)
@@ -250,23 +243,38 @@ class RREDCoTTrainer(GRPOTrainer):
         rows = [i for i in range(len(inputs)) if float(advantages[i]) != 0.0 and lengths[i] > 0]
         items = []
         for i in rows:
-            item = self._reference_pairs(inputs[i], finals) if exit_values else TraceInput([], [], 0.0, [])
+            item = self._reference_pairs(inputs[i], finals) if method.needs_reference_pairs else None
+            item = item or TraceInput([], [], 0.0, [])
             item.prompt_ids = prompt_ids[i][prompt_mask[i].bool()].tolist()
             item.completion_ids = completion_ids[i][: lengths[i]].tolist()
             item.advantage = float(advantages[i])
-            if self.credit.kind.needs_culprits:
-                item.culprit = self._culprit_token(inputs[i], item.completion_ids)
-            if mc:
-                item.outcome = self._reward(
-                    inputs[i], self.processing_class.decode(item.completion_ids, skip_special_tokens=True)
-                )
+            # What the method's reward source needs of the task, from the dataset row.
+            if method.needs_culprits:
+                item.culprit = self.culprit(inputs[i], self.assigner.completion_text(item.completion_ids))
+            if "outcome" in method.needs:
+                text = self.processing_class.decode(item.completion_ids, skip_special_tokens=True)
+                item.outcome = self._reward(inputs[i], text)
             items.append(item)
-        rollouts = self._mc_rollouts([inputs[i] for i in rows]) if mc else None
-        self._rollout_counts = [0, 0]
+        rollouts = None
+        if method.needs_rollouts:
+            # Sampled as the run samples its completions, each rollout from a random stream of its
+            # own: (run seed, step, process) and the trace, exit point and rollout.
+            cfg, keys = self.credit.mc, [_row_key(inputs[i]) for i in rows]
+            rollouts = PolicyRollouts(
+                self.processing_class,
+                lambda j, text: self._reward(inputs[rows[j]], text),
+                keys,
+                samples=cfg.samples,
+                batch_size=cfg.batch_size,
+                max_new_tokens=cfg.max_new_tokens or self.max_completion_length,
+                temperature=self.temperature,
+                top_p=self.top_p if self.top_p is not None else 1.0,
+                seed=(self.args.seed, int(self.state.global_step), self.accelerator.process_index),
+            )
         with self._credit_models() as (policy, value_model):  # collective on entry and exit
             credits = self.assigner.assign(policy, items, value_model, rollouts)
-        if mc:  # the generation cost of the Monte Carlo values, over every process
-            counts = gather_objects(self.accelerator, [self._rollout_counts])
+        if rollouts is not None:  # the generation cost of the Monte Carlo values, over every process
+            counts = gather_objects(self.accelerator, [(rollouts.rollouts, rollouts.tokens)])
             self._metrics["train"]["credit/rollouts"].append(float(sum(c[0] for c in counts)))
             self._metrics["train"]["credit/rollout_tokens"].append(float(sum(c[1] for c in counts)))
         stats = _CreditStats()
@@ -286,70 +294,6 @@ class RREDCoTTrainer(GRPOTrainer):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"rollout_reward must return a reward in [0, 1], got {value}")
         return value
-
-    def _mc_rollouts(self, rows: list[dict[str, Any]]) -> Rollouts:
-        """Policy rollouts from every exit point of every trace (one per row of ``rows``), scored by
-        ``rollout_reward``: the sums the Monte Carlo credit method turns into values.
-
-        Sampled as the run samples its completions (temperature, top-p), each rollout from a seed of
-        its own (run seed, step, process, trace, exit point, rollout), with transformers ``generate``
-        on the whole-parameter policy the credit passes use."""
-        cfg = self.credit.mc
-
-        def rollouts(
-            policy: torch.nn.Module, items: list[TraceInput], cuts: list[list[int]]
-        ) -> list[list[float]]:
-            step, rank = int(self.state.global_step), self.accelerator.process_index
-            # Identical prefixes share their M rollouts: every trace of a group has the same prompt
-            # (exit 0), and sampled traces often share their first lines. Each trace still gets M
-            # rollouts from each of its exit points, drawn from the same distribution; only the
-            # generation is not repeated.
-            first: dict[tuple[int, ...], int] = {}  # prefix -> index among the distinct prefixes
-            where: list[list[int]] = []
-            prefixes, seeds = [], []
-            for j, (item, trace_cuts) in enumerate(zip(items, cuts, strict=True)):
-                where.append([])
-                for k, c in enumerate(trace_cuts):
-                    prefix = tuple(item.prompt_ids + item.completion_ids[:c])
-                    if prefix not in first:
-                        first[prefix] = len(first)
-                        prefixes += [list(prefix)] * cfg.samples
-                        seeds += [
-                            sample_seed(self.args.seed, step, rank, j, k, m) for m in range(cfg.samples)
-                        ]
-                    where[j].append(first[prefix])
-            sampler = HFGenerator(policy, self.processing_class, batch_size=cfg.batch_size)
-            outs = sampler.sample(
-                prefixes,
-                seeds,
-                temperature=self.temperature,
-                top_p=self.top_p if self.top_p is not None else 1.0,
-                max_new_tokens=cfg.max_new_tokens or self.max_completion_length,
-            )
-            self._rollout_counts = [len(outs), sum(len(o.token_ids) for o in outs)]
-            # A shared prefix's rollouts are graded once per distinct row (a duplicated problem may
-            # carry another label), not once per trace that holds the prefix.
-            graded: dict[tuple[int, str], float] = {}
-            sums = []
-            for row, item, trace_cuts, slots in zip(rows, items, cuts, where, strict=True):
-                row_key = repr(sorted(row.items(), key=lambda kv: str(kv[0])))
-                trace_sums = []
-                for c, slot in zip(trace_cuts, slots, strict=True):
-                    if (slot, row_key) not in graded:
-                        head = self.processing_class.decode(item.completion_ids[:c], skip_special_tokens=True)
-                        batch = outs[slot * cfg.samples : (slot + 1) * cfg.samples]
-                        graded[slot, row_key] = sum(self._reward(row, head + o.text) for o in batch)
-                    trace_sums.append(graded[slot, row_key])
-                sums.append(trace_sums)
-            return sums
-
-        return rollouts
-
-    def _culprit_token(self, row: dict[str, Any], completion: list[int]) -> int | None:
-        """The token holding the character where the task says a completion first goes wrong."""
-        texts = self.assigner.token_texts(completion)
-        char = self.culprit(row, "".join(texts))
-        return None if char is None else token_at(texts, char)
 
     def _keep_views(
         self,
@@ -388,6 +332,11 @@ class RREDCoTTrainer(GRPOTrainer):
                     baseline_text=self.assigner.baseline_text(tc),
                 )
             )
+
+
+def _row_key(row: dict[str, Any]) -> str:
+    """A hashable key of a dataset row (rows with equal content judge a rollout alike)."""
+    return repr(sorted(row.items(), key=lambda kv: str(kv[0])))
 
 
 def _prompt_key(prompt: Any) -> str:

@@ -1,5 +1,6 @@
-"""Grading a policy rollout that continues a trace prefix: the one rule shared by the Monte Carlo
-study (:mod:`rredcot.studies.mc`) and the Monte Carlo credit arm (:mod:`rredcot.adapter.trainer`).
+"""Policy rollouts that continue a trace prefix: sampling them for the Monte Carlo credit arm
+(:class:`PolicyRollouts`) and grading them, the one rule shared by the Monte Carlo study
+(:mod:`rredcot.studies.mc`) and that arm.
 
 A rollout continues ``prompt ⊕ completion[:c]``: the model keeps thinking from there, then answers.
 The text graded is ``completion[:c]`` plus the continuation, as evaluation grades a completion, and
@@ -9,11 +10,14 @@ studies read a budget T < B from the same rollouts).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import torch
+
 from rredcot.data.grading import answers_equivalent, extract_boxed, final_part, last_box
-from rredcot.lm.generation import Completion
+from rredcot.lm.generation import Completion, HFGenerator, sample_seed
+from rredcot.method.registry import TraceInput
 
 
 def answer_end(text: str, exit_string: str | None) -> int | None:
@@ -77,3 +81,79 @@ def rollout_record(
     if keep_text:
         record["text"] = rollout.text
     return record
+
+
+class PolicyRollouts:
+    """``samples`` rollouts from every exit point, scored by ``reward``; the sums per trace and cut.
+
+    Identical prefixes share their rollouts: every trace of a group has the same prompt (cut 0), and
+    sampled traces often share their first lines. Each trace still gets ``samples`` rollouts from each
+    of its exit points, drawn from the same distribution; only the generation is not repeated. A
+    shared prefix's rollouts are judged once per distinct ``groups[j]`` (traces of one dataset row
+    share a group; a duplicated problem may carry another label). The rollout of prefix ``p``,
+    sample ``m`` draws from the stream ``sample_seed(*seed, j, k, m)`` of the first trace ``j`` and
+    cut ``k`` that holds ``p``. After a call, ``rollouts`` and ``tokens`` count what it generated.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        reward: Callable[[int, str], float],
+        groups: Sequence[Hashable],
+        *,
+        samples: int,
+        batch_size: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: tuple[int, ...],
+    ) -> None:
+        self.tokenizer, self.reward, self.groups = tokenizer, reward, list(groups)
+        self.samples, self.batch_size, self.max_new_tokens = samples, batch_size, max_new_tokens
+        self.temperature, self.top_p, self.seed = temperature, top_p, seed
+        self.rollouts = self.tokens = 0
+
+    def __call__(
+        self, policy: torch.nn.Module, items: list[TraceInput], cuts: list[list[int]]
+    ) -> list[list[float]]:
+        if len(items) != len(self.groups):
+            raise ValueError(f"{len(items)} traces but {len(self.groups)} reward groups")
+        first: dict[tuple[int, ...], int] = {}  # prefix -> index among the distinct prefixes
+        where: list[list[int]] = []
+        prefixes, seeds = [], []
+        for j, (item, trace_cuts) in enumerate(zip(items, cuts, strict=True)):
+            where.append([])
+            for k, c in enumerate(trace_cuts):
+                prefix = tuple(item.prompt_ids + item.completion_ids[:c])
+                if prefix not in first:
+                    first[prefix] = len(first)
+                    prefixes += [list(prefix)] * self.samples
+                    seeds += [sample_seed(*self.seed, j, k, m) for m in range(self.samples)]
+                where[j].append(first[prefix])
+        sampler = HFGenerator(policy, self.tokenizer, batch_size=self.batch_size)
+        outs = sampler.sample(
+            prefixes,
+            seeds,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens,
+        )
+        self.rollouts, self.tokens = len(outs), sum(len(o.token_ids) for o in outs)
+        judged: dict[tuple[int, Hashable], float] = {}
+        sums = []
+        for j, (item, trace_cuts, slots) in enumerate(zip(items, cuts, where, strict=True)):
+            trace_sums = []
+            for c, slot in zip(trace_cuts, slots, strict=True):
+                if (slot, self.groups[j]) not in judged:
+                    head = self.tokenizer.decode(item.completion_ids[:c], skip_special_tokens=True)
+                    batch = outs[slot * self.samples : (slot + 1) * self.samples]
+                    judged[slot, self.groups[j]] = sum(self._reward(j, head + o.text) for o in batch)
+                trace_sums.append(judged[slot, self.groups[j]])
+            sums.append(trace_sums)
+        return sums
+
+    def _reward(self, j: int, text: str) -> float:
+        value = float(self.reward(j, text))
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"a rollout's reward must lie in [0, 1], got {value}")
+        return value

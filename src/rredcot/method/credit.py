@@ -1,5 +1,5 @@
-"""Pure-torch core of RREDCoT credit assignment (docs/METHOD-NOTES.md), and the registry of credit
-methods.
+"""Pure-torch core of RREDCoT credit assignment (docs/METHOD-NOTES.md): values, segment rewards and
+the token coefficient σ (the credit methods that combine them: ``rredcot.method.registry``).
 
 The pipeline for one trace is::
 
@@ -24,8 +24,6 @@ range. Nothing here needs gradients; every public function runs under ``torch.no
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
@@ -103,7 +101,7 @@ VALUE_SPACES = ("linear", "log")
 
 
 @torch.no_grad()
-def value_rewards(log_values: Tensor, space: str = "linear", answer_log_ratio: float | None = None) -> Tensor:
+def value_rewards(log_values: Tensor, space: str, answer_log_ratio: float | None = None) -> Tensor:
     """Segment rewards from K+1 exit-point log values, plus the answer segment's when
     ``answer_log_ratio`` (log of the value after the model's own final solution over the value at
     its exit) is given: K or K+1 rewards (float64).
@@ -147,7 +145,7 @@ def token_multiplier(
     segment_ids: Tensor,
     segment_rewards: Tensor,
     advantage: float | Tensor,
-    mix: float = 0.5,
+    mix: float,
     token_weights: Tensor | None = None,
 ) -> Tensor:
     """Per-token factor ``σ_t · |o|`` for one trace (float32; 0 on padding, where segment id is -1).
@@ -213,7 +211,7 @@ def token_sigma(
     segment_ids: Tensor,
     segment_rewards: Tensor,
     advantage: float | Tensor,
-    mix: float = 0.5,
+    mix: float,
     token_weights: Tensor | None = None,
 ) -> Tensor:
     """Token coefficient σ of one trace: ``token_multiplier(...) / |o|``.
@@ -245,138 +243,8 @@ def token_entropies(logits: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------------------
-# Credit methods: one entry point for every way of spreading a trace's advantage over its tokens
+# Segment rewards of the reference arms: perfect blame and Monte Carlo values
 # --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CreditMethod:
-    """One way of spreading a trace's advantage over its tokens (σ), looked up by name.
-
-    A method is described by where its segment rewards come from and how it weights tokens, so that
-    the credit pipeline (``rredcot.method.assign``) and the TRL adapter ask it what to compute
-    instead of comparing names. Every method gives non-negative, finite σ summing to 1 per trace.
-    """
-
-    name: str
-    segment_rewards: Literal["exit_values", "oracle", "mc_values"] | None
-    """Source of segment rewards: ``exit_values`` (teacher-forced exit-point values, RREDCoT),
-    ``oracle`` (the task says where a wrong trace first goes wrong: that segment gets all the blame),
-    ``mc_values`` (Monte Carlo values at the same exit points from policy rollouts) or None (no
-    segments: the whole trace is one)."""
-    token_weights: Literal["entropy"] | None
-    """Within a segment (or the trace), weight tokens by the policy's entropy, or uniformly (None)."""
-    description: str
-
-    @property
-    def uniform(self) -> bool:
-        """σ = 1/|o| (stock GRPO): nothing to compute, TRL's advantages stay as they are."""
-        return self.segment_rewards is None and self.token_weights is None
-
-    @property
-    def needs_exit_values(self) -> bool:
-        return self.segment_rewards == "exit_values"
-
-    @property
-    def needs_culprits(self) -> bool:
-        """The trainer must be told, per trace, the token where it first goes wrong."""
-        return self.segment_rewards == "oracle"
-
-    @property
-    def needs_rollouts(self) -> bool:
-        """The trainer must sample policy rollouts from every exit point and score their outcomes."""
-        return self.segment_rewards == "mc_values"
-
-    @property
-    def needs_entropies(self) -> bool:
-        """Entropies are read for segmentation or for token weighting."""
-        return not self.uniform
-
-    @torch.no_grad()
-    def multiplier(
-        self,
-        n_tokens: int,
-        advantage: float,
-        mix: float = 0.5,
-        segment_ids: Tensor | None = None,
-        segment_rewards: Tensor | None = None,
-        entropies: Tensor | None = None,
-    ) -> Tensor:
-        """``σ_t · |o|`` (float32, length ``n_tokens``) of one trace; exactly 1.0 for uniform."""
-        if self.uniform or n_tokens == 0:
-            return torch.ones(n_tokens, dtype=torch.float32)
-        if entropies is not None and torch.as_tensor(entropies).numel() != n_tokens:
-            raise ValueError(f"{torch.as_tensor(entropies).numel()} entropies for {n_tokens} tokens")
-        if self.token_weights == "entropy" and entropies is None:
-            raise ValueError(f"credit method {self.name!r} needs token entropies")
-        if self.segment_rewards is None:
-            return entropy_multiplier(entropies, mix)
-        if segment_ids is None or segment_rewards is None:
-            raise ValueError(f"credit method {self.name!r} needs segment ids and segment rewards")
-        if torch.as_tensor(segment_ids).numel() != n_tokens:
-            raise ValueError("segment_ids must have one entry per token")
-        weights = None if self.token_weights is None else torch.as_tensor(entropies, dtype=torch.float64)
-        return token_multiplier(segment_ids, segment_rewards, advantage, mix, token_weights=weights)
-
-
-CREDIT_METHODS: dict[str, CreditMethod] = {}
-"""The registry of credit methods, by name (``register_credit_method`` adds one)."""
-
-
-def register_credit_method(method: CreditMethod) -> CreditMethod:
-    """Add a credit method to the registry (its name must be new)."""
-    if method.name in CREDIT_METHODS:
-        raise ValueError(f"credit method {method.name!r} is registered already")
-    CREDIT_METHODS[method.name] = method
-    return method
-
-
-def credit_method(name: str) -> CreditMethod:
-    """The registered credit method called ``name``."""
-    try:
-        return CREDIT_METHODS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown credit method {name!r}; expected one of {', '.join(CREDIT_METHODS)}"
-        ) from None
-
-
-register_credit_method(CreditMethod("uniform", None, None, "σ = 1/|o|: GRPO's uniform spread."))
-register_credit_method(
-    CreditMethod(
-        "rredcot",
-        "exit_values",
-        None,
-        "Segment rewards from teacher-forced exit-point values, spread uniformly within a segment.",
-    )
-)
-register_credit_method(
-    CreditMethod(
-        "entropy",
-        None,
-        "entropy",
-        "Token-entropy weighting of the whole trace (docs/METHOD-NOTES.md, note 9).",
-    )
-)
-register_credit_method(
-    CreditMethod(
-        "rredcot+entropy",
-        "exit_values",
-        "entropy",
-        "RREDCoT's segment shares spread over each segment's tokens by entropy.",
-    )
-)
-
-
-register_credit_method(
-    CreditMethod(
-        "oracle",
-        "oracle",
-        None,
-        "Perfect blame (synthetic task): a wrong trace's blame goes to the segment where it first goes "
-        "wrong, the same segments and σ as RREDCoT; the ceiling of segment-level blame.",
-    )
-)
 
 
 @torch.no_grad()
@@ -400,16 +268,6 @@ def oracle_segment_rewards(n_segments: int, culprit_segment: int | None) -> Tens
     return rewards
 
 
-register_credit_method(
-    CreditMethod(
-        "mc",
-        "mc_values",
-        None,
-        "Monte Carlo values (VinePPO-style): the mean outcome of policy rollouts from each of RREDCoT's "
-        "exit points, through the same segment-reward-to-σ mapping; the unbiased, expensive reference.",
-    )
-)
-
 
 @torch.no_grad()
 def mc_log_values(outcome_sums: Tensor | list[float], samples: int) -> Tensor:
@@ -430,18 +288,10 @@ def mc_log_values(outcome_sums: Tensor | list[float], samples: int) -> Tensor:
     return ((sums + 1.0) / (samples + 2.0)).log()
 
 
-def needs_exit_values(method: str) -> bool:
-    """Whether a credit method needs exit-point values (teacher-forced scoring)."""
-    return credit_method(method).needs_exit_values
-
-
-def needs_entropies(method: str) -> bool:
-    """Whether a credit method reads token entropies (segmentation or token weighting)."""
-    return credit_method(method).needs_entropies
 
 
 @torch.no_grad()
-def entropy_multiplier(entropies: Tensor, mix: float = 0.5) -> Tensor:
+def entropy_multiplier(entropies: Tensor, mix: float) -> Tensor:
     """``σ_t · |o|`` of entropy weighting: ``σ_t = (1 - mix)/|o| + mix · H_t / Σ_s H_s`` (float32).
 
     **[decision]** The method multiplies the step advantage per token by "a normalised function of the
@@ -461,21 +311,6 @@ def entropy_multiplier(entropies: Tensor, mix: float = 0.5) -> Tensor:
         return torch.ones(n, dtype=torch.float32)
     sigma = (1.0 - mix) / n + mix * h / total
     return (sigma * n).to(torch.float32)
-
-
-def credit_multiplier(
-    method: str,
-    n_tokens: int,
-    advantage: float,
-    mix: float = 0.5,
-    segment_ids: Tensor | None = None,
-    segment_rewards: Tensor | None = None,
-    entropies: Tensor | None = None,
-) -> Tensor:
-    """``σ_t · |o|`` (float32, length ``n_tokens``) of one trace under the named credit method
-    (:meth:`CreditMethod.multiplier`): methods with segment rewards need ``segment_ids`` and
-    ``segment_rewards``, entropy-weighted ones ``entropies`` (bits, one per token)."""
-    return credit_method(method).multiplier(n_tokens, advantage, mix, segment_ids, segment_rewards, entropies)
 
 
 @torch.no_grad()

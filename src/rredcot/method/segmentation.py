@@ -277,7 +277,7 @@ def homogenize_groups(
     piece_entropies: Sequence[float] | Tensor,
     piece_lengths: Sequence[int],
     groups: Sequence[Sequence[int]],
-    min_tokens: int = 1,
+    min_tokens: int,
     max_rounds: int | None = None,
 ) -> list[list[int]]:
     """Shift segment boundaries to even out segment entropies, keeping the number of segments (METHOD 3d).
@@ -318,8 +318,8 @@ def segment_pieces(
     piece_entropies: Sequence[float] | Tensor,
     piece_lengths: Sequence[int],
     n_segments: int,
-    min_tokens: int = 1,
-    homogenize: bool = True,
+    min_tokens: int,
+    homogenize: bool,
 ) -> list[list[int]]:
     """Pieces to at most ``n_segments`` groups: min length, entropy merging, then homogenizing.
 

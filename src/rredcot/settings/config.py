@@ -34,14 +34,14 @@ from rredcot.infra.typed import (
     to_dict,
     within,
 )
-from rredcot.method.assign import (
+from rredcot.method.registry import CREDIT_METHODS, credit_method
+from rredcot.method.settings import (
     DEFAULT_ANSWER_PREFIX,
     DEFAULT_ANSWER_SUFFIX,
     DEFAULT_EXIT_STRING,
     CreditConfig,
     CreditSettings,
 )
-from rredcot.method.credit import CREDIT_METHODS, credit_method
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rredcot.method.assign import CreditSettings
-from rredcot.method.credit import credit_method
+from rredcot.method.registry import credit_method
+from rredcot.method.settings import CreditSettings
 from rredcot.settings.config import ConfigError, load_config
 
 # Where MLflow logs and where the outputs go: every stage reads them, none computes with them.

@@ -30,7 +30,7 @@ import polars as pl
 from rredcot.infra.io import atomic_path
 from rredcot.infra.logs import setup_logging
 from rredcot.infra.results import BASE, load_summaries
-from rredcot.method.credit import credit_method
+from rredcot.method.registry import credit_method
 from rredcot.settings.config import active_arms, arm_label
 from rredcot.settings.reads import stage_config
 

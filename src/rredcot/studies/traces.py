@@ -47,8 +47,10 @@ from rredcot.infra.logs import setup_logging
 from rredcot.lm.evaluation import benchmark_of, load_benchmarks
 from rredcot.lm.generation import Completion, HFGenerator, sample_seed
 from rredcot.lm.modeling import load_model, load_tokenizer, set_threads
-from rredcot.method.assign import CreditAssigner, CreditConfig, TraceCredit, TraceInput, credit_record
+from rredcot.method.assign import CreditAssigner, TraceCredit, credit_record
+from rredcot.method.registry import TraceInput
 from rredcot.method.segmentation import thinking_end
+from rredcot.method.settings import CreditConfig
 from rredcot.settings.reads import stage_config
 
 _log = logging.getLogger(__name__)

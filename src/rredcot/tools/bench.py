@@ -38,6 +38,7 @@ from rredcot.infra.logs import setup_logging
 from rredcot.lm.modeling import load_model, random_qwen2, set_threads
 from rredcot.method import credit as C
 from rredcot.method import segmentation as S
+from rredcot.method.registry import credit_multiplier
 from rredcot.method.scoring.naive import score_traces_naive
 from rredcot.method.scoring.single_pass import score_traces_single_pass
 from rredcot.method.scoring.types import ExitStrings, ScoringBudget, TraceExits
@@ -102,7 +103,7 @@ def _sigma(traces: Sequence[TraceExits], scores: list, chosen: dict[int, list[in
         log_v = C.exit_log_values(sc.log_p_solution, sc.log_p_answer)
         ids = S.segment_ids_from_starts(chosen[i], len(t.completion_ids))
         out.append(
-            C.credit_multiplier("rredcot", len(t.completion_ids), -1.0, 0.5, ids, C.segment_rewards(log_v))
+            credit_multiplier("rredcot", len(t.completion_ids), -1.0, 0.5, ids, C.segment_rewards(log_v))
         )
     return out
 
@@ -229,7 +230,8 @@ def precision(config: list[str], model_dir: str, data: str, n_traces: int, seed:
     from rredcot.infra.io import read_jsonl
     from rredcot.lm.generation import HFGenerator
     from rredcot.lm.modeling import load_tokenizer
-    from rredcot.method.assign import CreditAssigner, TraceInput
+    from rredcot.method.assign import CreditAssigner
+    from rredcot.method.registry import TraceInput
     from rredcot.settings.config import credit_config, load_config
 
     cfg = load_config(config)

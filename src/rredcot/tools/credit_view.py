@@ -29,8 +29,8 @@ from rredcot.data.records import format_prompt, reference_solution
 from rredcot.infra.io import read_jsonl
 from rredcot.infra.logs import setup_logging
 from rredcot.lm.modeling import load_model, load_tokenizer, set_threads
-from rredcot.method.assign import CreditAssigner, TraceInput, credit_record
-from rredcot.method.credit import credit_method
+from rredcot.method.assign import CreditAssigner, credit_record
+from rredcot.method.registry import TraceInput, credit_method
 from rredcot.settings.config import load_config
 from rredcot.viz.credit_view import write_views
 

@@ -222,7 +222,7 @@ def synthetic_traces(
     every quarter of a segment, so that segmentation has pieces to merge), the exit string, a final
     solution of ``own`` words and its boxed answer; half with a positive advantage, half negative.
     Each has one reference pair: a ``solution``-word solution and the answer."""
-    from rredcot.method.assign import TraceInput
+    from rredcot.method.registry import TraceInput
 
     rng = random.Random(seed)
     vocab = len(tok)
@@ -499,7 +499,7 @@ def trainer_steps(shape: dict[str, Any], vocab: int, device: torch.device, compl
     from trl import GRPOConfig
 
     from rredcot.adapter.trainer import RREDCoTTrainer
-    from rredcot.method.assign import CreditConfig
+    from rredcot.method.settings import CreditConfig
 
     tok = word_tokenizer(vocab)
     model = build(shape, vocab, completion + 256, torch.device("cpu"), torch.float32)

@@ -1,0 +1,153 @@
+"""The settings of credit assignment: what every arm of an experiment shares (``CreditSettings``,
+the workflow's ``credit`` section) and one arm's full configuration (``CreditConfig``: a registered
+credit method, the shared settings and the text around an exit point). Each default is written here
+once; the workflow's config tree embeds these classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from rredcot.method import segmentation as S
+from rredcot.method.credit import VALUE_SPACES
+from rredcot.method.registry import CreditMethod, credit_method
+from rredcot.method.scoring.types import ScoringBudget
+
+DEFAULT_EXIT_STRING = "</think>\n"
+DEFAULT_ANSWER_PREFIX = " \\boxed{"
+DEFAULT_ANSWER_SUFFIX = "}"
+
+
+@dataclass
+class MonteCarloSettings:
+    """Policy rollouts of the Monte Carlo credit method (``mc``), from every exit point."""
+
+    samples: int = 4
+    """Rollouts per exit point (M); each costs one generation of up to ``max_new_tokens`` tokens.
+    Exit points with the same prefix (a group's shared prompt, shared first lines) share theirs."""
+    max_new_tokens: int | None = None
+    """Token budget of a rollout (null: the training run's completion length, so that a rollout can
+    always finish what a completion could)."""
+    batch_size: int = 64
+    """Rollouts generated together in one batch (their KV cache is batch_size x (prompt + trace +
+    max_new_tokens) tokens). Batches hold prefixes of similar length; on a CPU small batches waste
+    less on rows that finished early (1,536 rollouts of the default model, one thread: 6.7 s in
+    batches of 64, 8.7 s of 256, 40.7 s in one), on a GPU larger ones fill the device."""
+
+    def __post_init__(self) -> None:
+        if self.samples < 1 or self.batch_size < 1:
+            raise ValueError("samples and batch_size must be positive")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be positive (or null)")
+
+
+@dataclass
+class CreditSettings:
+    """How credit is computed, whatever the method: the settings every arm of an experiment shares
+    (the workflow's ``credit`` section has exactly these keys)."""
+
+    mix: float = field(default=0.5, metadata={"minimum": 0.0, "maximum": 1.0})  # checked at config load
+    """σ = (1-mix)/|o| + mix · (the method's share); 0 gives uniform credit."""
+    segmentation: S.SegmentationConfig = field(default_factory=S.SegmentationConfig)
+    """Keyword/newline pieces, target number of segments, minimum length, homogenize."""
+    group_pairs: bool = False
+    """Add the final solutions of the correct completions of the same group as reference pairs."""
+    proposal: Literal["uniform", "given"] = "uniform"
+    """``uniform`` (q_i = 1/N) or ``given``: the dataset pair's log q from the ``reference_log_q`` column."""
+    value_model: Literal["policy", "reference"] = "policy"
+    """``policy`` (the model that generated the batch) or ``reference`` (a frozen model of the start)."""
+    scorer: Literal["single_pass", "naive"] = "single_pass"
+    """``single_pass`` (shared prefix, tree mask) or ``naive`` (one sequence per exit point)."""
+    answer_baseline: Literal["greedy", "reference"] = "greedy"
+    """What the answer segment's own final solution is compared with at the model's exit: ``greedy``
+    (the solution the value model itself would write there, decoded greedily) or ``reference`` (the
+    reference solution, no decoding). See ``answer_baseline.py``."""
+    value_space: Literal["linear", "log"] = "linear"
+    """How a segment's reward is read off the values at its two exit points, for RREDCoT and Monte
+    Carlo credit alike: ``linear``, the change of value (expected utility) across it, as the
+    redistribution theory has it; ``log``, the change of log value. On the synthetic task a wrong
+    trace's culprit step got the largest blame in 94% of the traces with ``linear`` and in 54% with
+    ``log`` (docs/METHOD-NOTES.md, "Value differences: linear or log")."""
+    precision: Literal["autocast", "float32"] = "autocast"
+    """Precision of the credit passes: ``autocast``, the training run's own (bf16 autocast in the
+    paper recipes; float32 in the embedded default); ``float32``, autocast off, so that the passes
+    run in the float32 master weights. On the embedded default's SFT model, 200 sampled traces, bf16
+    changed σ·|o| by up to 0.18 (95th percentile 0.07) and kept the most-blamed segment of 99% of
+    them; float32 is exact and, on a GPU, costs several times bf16 (docs/DISTRIBUTED.md,
+    "Precision")."""
+    budget: ScoringBudget = field(default_factory=ScoringBudget)
+    """Memory bounds of the scoring passes."""
+    mc: MonteCarloSettings = field(default_factory=MonteCarloSettings)
+    """Policy rollouts of the Monte Carlo credit method (``mc``)."""
+    view_every: int = 10
+    """Keep credit records of a few traces every this many steps for inspection (0: never)."""
+    view_samples: int = 2
+    """Traces per kept step: alternately one with a negative and one with a positive advantage."""
+
+    @staticmethod
+    def read_by(method: CreditMethod) -> tuple[str, ...]:
+        """The settings (field names) that ``method``'s credit depends on; the others are never read
+        on its path, so an experiment that changes only those leaves the method's runs as they were.
+        Uniform credit reads none (TRL's advantages stay as they are); every other method weights
+        tokens (``mix``), runs forward passes (``budget``, ``precision``) and keeps views; a method
+        whose reward source segments the trace reads ``segmentation``, and each source declares the
+        rest (``rredcot.method.registry.register_reward_source``)."""
+        if method.uniform:
+            return ()
+        source = method.reward_source
+        names = ["mix", "budget", "precision", "view_every", "view_samples"]
+        if source.segments:
+            names.append("segmentation")
+        return tuple(dict.fromkeys([*names, *source.reads]))
+
+    def __post_init__(self) -> None:
+        choices = {
+            "proposal": ("uniform", "given"),
+            "value_model": ("policy", "reference"),
+            "scorer": ("single_pass", "naive"),
+            "precision": ("autocast", "float32"),
+            "answer_baseline": ("greedy", "reference"),
+            "value_space": VALUE_SPACES,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.proposal == "given" and self.group_pairs:
+            raise ValueError("proposal 'given' covers the dataset pair only; turn group_pairs off")
+        if not 0.0 <= self.mix <= 1.0:
+            raise ValueError(f"mix must lie in [0, 1], got {self.mix}")
+        if self.view_every < 0 or self.view_samples < 1:
+            raise ValueError("view_every must be >= 0 and view_samples >= 1")
+
+
+@dataclass
+class CreditConfig(CreditSettings):
+    """How the sequence advantage is spread over a completion's tokens: a credit method, the shared
+    settings, and the text of an exit (from the prompt format)."""
+
+    method: str = "rredcot"
+    """A registered credit method (``rredcot.method.registry.CREDIT_METHODS``): ``uniform``,
+    ``rredcot``, ``entropy``, ``rredcot+entropy``, ``oracle``, ``mc``."""
+    exit_string: str = DEFAULT_EXIT_STRING
+    """Text that closes the thinking block at an exit point."""
+    answer_prefix: str = DEFAULT_ANSWER_PREFIX
+    """Text between a reference solution and its answer."""
+    answer_suffix: str = DEFAULT_ANSWER_SUFFIX
+    """Text after the reference answer."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        reads_baseline = "answer_baseline" in self.read_by(credit_method(self.method))
+        if reads_baseline and self.answer_baseline == "greedy" and not self.answer_prefix.strip():
+            raise ValueError("answer_baseline 'greedy' needs a non-blank answer_prefix to end the solution")
+
+    @property
+    def kind(self) -> CreditMethod:
+        """The registered method."""
+        return credit_method(self.method)
+
+    @classmethod
+    def from_settings(cls, settings: CreditSettings, **rest: Any) -> CreditConfig:
+        """The shared settings plus a method and the exit text."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(CreditSettings)}, **rest)
