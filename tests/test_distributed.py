@@ -77,12 +77,19 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def _pythonpath() -> str:
+    """tests/ for the job scripts, then the caller's PYTHONPATH (absolute), so that the processes
+    import the same rredcot as this test (e.g. a worktree's src/ rather than the installed one)."""
+    caller = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([str(TESTS), *caller])
+
+
 def _launch(mode: str, base: Path, out: Path, accelerate_config: str | None = None) -> list[dict]:
     """tests/multiprocess_job.py under `accelerate launch` with 2 processes; what each process wrote."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch"]
     cmd += ["--config_file", accelerate_config] if accelerate_config else ["--multi_gpu"]
     cmd += ["--num_processes", "2", "--num_machines", "1"]
-    env = {**job_env(), "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(TESTS)}
+    env = {**job_env(), "DS_ACCELERATOR": "cpu", "PYTHONPATH": _pythonpath()}
     for attempt in (1, 2):
         port = ["--main_process_port", str(free_port())]
         proc = subprocess.run(
@@ -168,7 +175,7 @@ def test_fsdp2_credit_passes_need_no_collectives(tmp_path: Path):
             str(free_port()),
         ]
         + [str(TESTS / "fsdp_scoring.py"), str(out)],
-        env={**job_env(), "PYTHONPATH": str(TESTS)},
+        env={**job_env(), "PYTHONPATH": _pythonpath()},
         capture_output=True,
         text=True,
         timeout=300,  # a collective the other process never joins would hang: the timeout fails it
