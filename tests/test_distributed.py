@@ -54,6 +54,30 @@ def test_backends_are_told_apart_and_fsdp1_is_refused():
         check_backend(_accelerator(2, zero=3), gather_zero3=False)
 
 
+EXIT_CHECK = """
+import torch, torch.distributed as dist
+from rredcot.adapter.distributed import _gloo_workers, settle_gloo_workers
+dist.init_process_group("gloo", init_method="file://{store}", rank=0, world_size=1)
+dist.all_reduce(torch.ones(4))
+assert _gloo_workers(), "no gloo worker threads found by name"
+assert settle_gloo_workers(timeout=30)
+print("settled")
+"""
+
+
+def test_exit_handler_finds_and_waits_for_the_gloo_workers(tmp_path: Path):
+    """The exit handler of a multi-process job (rredcot.adapter.distributed) finds gloo's worker
+    threads by the name torch gives them, and returns once they are idle."""
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_CHECK.format(store=tmp_path / "store")],
+        env={**job_env(), "PYTHONPATH": _pythonpath()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "settled" in proc.stdout, proc.stderr[-2000:]
+
+
 # ------------------------------------------------------------------------------ two-process runs
 @pytest.fixture(scope="module")
 def started(tmp_path_factory: pytest.TempPathFactory) -> Path:
