@@ -17,18 +17,27 @@ FSDP1 (``FullyShardedDataParallel``) reshards a unit after each forward even ins
 
 The helpers below the context manager gather small Python objects (group completions, credit
 statistics) so that results do not depend on how a batch is split over processes.
+
+A process of a multi-process job waits at exit until gloo's worker threads are idle
+(:func:`settle_gloo_workers`, registered by :func:`process_state`); without it, a process could
+abort at exit on a busy machine ("terminate called without an active exception").
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+
+_log = logging.getLogger(__name__)
 
 
 class UnsupportedBackend(RuntimeError):
@@ -133,11 +142,76 @@ def process_state() -> Any:
     """accelerate's PartialState of this process (one process, or its share of `accelerate launch`).
 
     On a machine without CUDA it must be asked for the CPU backend (gloo): the default would take
-    the processes of ``accelerate launch --multi_gpu`` for independent single processes.
+    the processes of ``accelerate launch --multi_gpu`` for independent single processes. In a
+    multi-process job it also makes the process wait for gloo's workers at exit (see below).
     """
     from accelerate import PartialState
 
-    return PartialState(cpu=not torch.cuda.is_available())
+    state = PartialState(cpu=not torch.cuda.is_available())
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        _settle_at_exit()
+    return state
+
+
+# ------------------------------------------------------------------------- leaving a gloo process
+# Why a process waits for gloo's workers before the interpreter shuts down (torch 2.13, Python 3.11):
+# a gloo process group runs each collective on a worker thread ("pt_gloo_runloop"), which drops its
+# reference to the finished work after the caller has been told the work is complete. Dropping the
+# last C++ reference to a tensor that Python also holds hands the tensor's PyObject back to Python
+# (c10::TensorImpl::decref_pyobject, noexcept): torch checks Py_IsInitialized(), then takes the GIL.
+# If the main thread starts finalizing the interpreter between the two, Python ends the worker with
+# pthread_exit() inside that noexcept code, and std::terminate aborts the process: "terminate called
+# without an active exception" (SIGABRT), after the job's work is done. The process groups outlive
+# the job (DeepSpeed keeps references in its groups and on every ZeRO-3 parameter, and
+# destroy_process_group() does not end the threads of a group still referenced), so the exit
+# handler below waits, with the GIL released, until every gloo worker is asleep and stays asleep: a
+# worker still holding a finished work is runnable or wakes to take the GIL, so it is waited for; an
+# idle one sleeps until the next collective, which never comes.
+GLOO_WORKER = "pt_gloo_runloop"  # torch's name for a gloo process group's worker threads
+
+
+def _gloo_workers() -> dict[str, tuple[str, ...]]:
+    """Scheduler state and context-switch counts of this process's gloo worker threads, by thread id
+    (Linux /proc; empty where there is none)."""
+    workers = {}
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            if (task / "comm").read_text().strip() != GLOO_WORKER:
+                continue
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            status = (task / "status").read_text().splitlines()
+        except (OSError, IndexError):
+            continue  # the thread has just ended
+        workers[task.name] = (state, *(line for line in status if "ctxt_switches" in line))
+    return workers
+
+
+def settle_gloo_workers(timeout: float = 10.0, interval: float = 0.02) -> bool:
+    """Wait until every gloo worker thread is asleep and has not run for ``interval`` seconds
+    (the GIL is free meanwhile); True then or when there are none, False after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    seen = None
+    while True:
+        now = _gloo_workers()
+        if not now or (now == seen and all(w[0] == "S" for w in now.values())):
+            return True
+        if time.monotonic() > deadline:
+            _log.warning("gloo workers still busy after %.0f s at exit; exiting anyway", timeout)
+            return False
+        seen = now
+        time.sleep(interval)
+
+
+_settle_registered = False
+
+
+def _settle_at_exit() -> None:
+    """Run :func:`settle_gloo_workers` when the interpreter exits, after later-registered handlers
+    (atexit runs them last in, first out); registered once per process."""
+    global _settle_registered
+    if not _settle_registered:
+        atexit.register(settle_gloo_workers)
+        _settle_registered = True
 
 
 def save_model_whole(trainer: Any, tok: Any, target: Path) -> None:
