@@ -16,6 +16,17 @@ SOURCES = {k: f"{k}.csv" for k in ("paired", "cost", "truncation", "attribution"
 }
 
 
+def test_verdicts_judge_the_interval_by_size():
+    t = K.ACCURACY_THRESHOLD
+    assert K.verdict_by_size(t + 0.001, 0.2, t) == "supported"
+    assert K.verdict_by_size(0.001, 0.2, t) == "inconclusive"  # above 0, but maybe below what matters
+    assert K.verdict_by_size(-0.2, -t - 0.001, t) == "contradicted"
+    assert K.verdict_by_size(-t + 0.001, t - 0.001, t) == "too small to matter"
+    assert K.verdict_by_size(-0.1, 0.1, t) == "inconclusive"
+    assert K.verdict_by_size(None, 0.1, t) == "inconclusive"
+    assert K.verdict_by_size(0.75, 0.9, 0.03, line=0.7) == "supported"
+
+
 def test_verdicts_follow_the_interval():
     assert K.verdict_above(0.01, 0.2) == "supported"
     assert K.verdict_above(-0.2, -0.01) == "contradicted"
@@ -50,7 +61,8 @@ def test_fisher_interval_covers_the_spearman_correlation_of_samples():
 
 def _paired(rows):
     cols = ["arm", "reference", "metric", "seeds", "problems", "diff", "diff_low", "diff_high"]
-    cols += ["steps_to_reference", "steps_low", "steps_high"]
+    cols += ["steps_to_reference", "steps_low", "steps_high", "area", "area_low", "area_high"]
+    cols += ["seed_sd", "problem_sd"]
     return pl.DataFrame([dict(zip(cols, r, strict=True)) for r in rows])
 
 
@@ -59,10 +71,15 @@ def inputs():
     cfg = load_config("config/config.yaml")
     paired = _paired(
         [
-            ("RREDCoT", "GRPO", "sampled", 3, 100, 0.01, -0.02, 0.04, 30.0, 20.0, 45.0),
-            ("MC", "GRPO", "sampled", 3, 100, 0.03, 0.01, 0.05, 20.0, 10.0, 30.0),
-            ("Oracle", "GRPO", "sampled", 3, 100, 0.06, 0.03, 0.09, 15.0, 10.0, 20.0),
-            ("Oracle", "GRPO", "greedy", 3, 100, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+            # arm, reference, metric, seeds, problems, diff [low, high], steps to reach [low, high],
+            # area [low, high], sd over seeds, sd over problems
+            ("RREDCoT", "GRPO", "sampled", 3, 100, 0.01, -0.02, 0.04, 30.0, 20.0, 45.0)
+            + (0.02, 0.01, 0.03, 0.02, 0.2),
+            ("MC", "GRPO", "sampled", 3, 100, 0.03, 0.01, 0.05, 20.0, 10.0, 30.0)
+            + (0.01, 0.0, 0.02, 0.015, 0.2),
+            ("Oracle", "GRPO", "sampled", 3, 100, 0.06, 0.03, 0.09, 15.0, 10.0, 20.0)
+            + (0.03, 0.02, 0.04, 0.02, 0.2),
+            ("Oracle", "GRPO", "greedy", 3, 100) + (0.0,) * 11,
         ]
     )
     cost = pl.DataFrame(
@@ -73,10 +90,20 @@ def inputs():
             {"item": "Oracle", "kind": "train", "step_ratio_to_grpo": 1.1},
         ]
     )
+    # 200 rollouts from 10 exit points, 40 tokens long on average (800 tokens a point at B = 160):
+    # half the mean length is T = 20.
     truncation = pl.DataFrame(
         [
-            {"group": "all", "truncation": t, "points": 10, "rollouts": 200, "lost": lost, "lost_correct": lc}
-            for t, lost, lc in ((40, 0.5, 0.2), (80, 0.2, 0.1), (160, 0.05, 0.0))
+            {
+                "group": "all",
+                "truncation": t,
+                "points": 10,
+                "rollouts": 200,
+                "lost": lost,
+                "lost_correct": lc,
+                "tokens_per_point": 20 * min(t, 40),
+            }
+            for t, lost, lc in ((10, 0.9, 0.4), (20, 0.5, 0.2), (40, 0.2, 0.1), (80, 0.05, 0.0), (160, 0, 0))
         ]
     )
     attribution = pl.DataFrame(
@@ -120,18 +147,22 @@ def test_claims_table_reads_each_source_and_judges_it(inputs):
     ]
     verdicts = {k: c.verdict for k, c in rows.items()}
     assert verdicts == {
-        "rredcot_beats_grpo": "inconclusive",  # [-0.02, 0.04] straddles 0
-        "mc_beats_grpo": "supported",
-        "sample_efficiency": "inconclusive",  # [20, 45] straddles GRPO's 40 steps
-        "rredcot_tracks_mc": "supported",  # late 0.7 > overall 0.4, interval above 0
-        "truncated_mc_loses_rollouts": "supported",  # 10% of 200 rollouts at T = 80 of 160
+        "rredcot_beats_grpo": "inconclusive",  # [-0.02, 0.04] straddles the threshold
+        "mc_beats_grpo": "supported",  # [0.01, 0.05]: beyond 0.005
+        "sample_efficiency": "supported",  # RREDCoT leads by 0.02 [0.01, 0.03] over the run
+        "rredcot_tracks_mc": "supported",  # late 0.7 > overall 0.4, interval above 0.3
+        "truncated_mc_loses_rollouts": "supported",  # 20% of 200 rollouts at T = 20 = L / 2
         "mc_estimates_noisy": "supported",  # M = 4: 0.15 + 0.03
         "prm_follows_thought_nll": "supported",  # |-0.6| vs |0.1|, intervals apart
-        "cost": "supported",  # 1.8x, MC 9x = 5x RREDCoT
+        "cost": "within the paper's range",  # 1.8x, MC 9x = 5x RREDCoT
         "testbed_oracle_beats_grpo": "supported",
         "testbed_localisation": "supported",  # 0.9 of 40, Wilson low > 0.7
     }
-    assert rows["truncated_mc_loses_rollouts"].value == 0.1
+    assert rows["truncated_mc_loses_rollouts"].value == 0.2
+    # The curve against the testbed's own rollout length: a quarter, half, three quarters, all of it.
+    assert "0.25L (T = 10): 0.400" in rows["truncated_mc_loses_rollouts"].measure
+    assert "1L (T = 40): 0.100" in rows["truncated_mc_loses_rollouts"].measure
+    assert all(c.threshold for c in rows.values())
     assert rows["mc_estimates_noisy"].value == pytest.approx(0.3 / 2 + 0.03)
     assert rows["rredcot_tracks_mc"].value == 0.7
     assert rows["cost"].value == 1.8 and rows["prm_follows_thought_nll"].value == pytest.approx(0.5)
@@ -147,6 +178,8 @@ def test_claims_turn_against_the_paper_when_the_numbers_do(inputs):
         .then(float("inf"))
         .otherwise(pl.col("steps_to_reference"))
         .alias("steps_to_reference"),
+        pl.when(pl.col("arm") == "RREDCoT").then(-0.03).otherwise(pl.col("area_low")).alias("area_low"),
+        pl.when(pl.col("arm") == "RREDCoT").then(-0.01).otherwise(pl.col("area_high")).alias("area_high"),
     )
     cost = cost.with_columns(
         pl.when(pl.col("item") == "RREDCoT")
@@ -164,8 +197,8 @@ def test_claims_turn_against_the_paper_when_the_numbers_do(inputs):
         )
     }
     assert rows["rredcot_beats_grpo"] == "contradicted"
-    assert rows["sample_efficiency"] == "contradicted"  # never reached GRPO's final accuracy
-    assert rows["cost"] == "contradicted"
+    assert rows["sample_efficiency"] == "contradicted"  # behind GRPO over the run
+    assert rows["cost"] == "dearer"
     assert rows["mc_estimates_noisy"] == "contradicted"
     assert rows["rredcot_tracks_mc"] == "contradicted"
     assert rows["testbed_localisation"] == "contradicted"
@@ -178,19 +211,19 @@ def test_a_run_without_the_mc_arm_says_so(inputs):
         c.claim: c for c in K.claims_table(cfg, paired, cost.filter(pl.col("item") != "MC"), *rest, SOURCES)
     }
     assert "mc_beats_grpo" not in rows
-    assert rows["cost"].verdict == "supported" and "no MC arm" in rows["cost"].note
+    assert rows["cost"].verdict == "within the paper's range" and "no MC arm" in rows["cost"].note
     md = K.markdown(list(rows.values()), "x")
     assert md.count("\n| ") == len(rows) + 1 and "**supported**" in md
-    # Every row has the header's six cells: the PRM row's |Spearman| bars are escaped.
+    # Every row has the header's seven cells: the PRM row's |Spearman| bars are escaped.
     table = [line for line in md.splitlines() if line.startswith("| ")]
-    assert {line.replace("\\|", "").count("|") for line in table} == {7}
+    assert {line.replace("\\|", "").count("|") for line in table} == {8}
 
 
 def test_too_little_to_judge_is_inconclusive(inputs):
     cfg, paired, cost, truncation, attribution, prm, variance, localisation = inputs
     # The reference never beat its start (reached at step 0); one trace of Monte Carlo values; an MC
     # arm that generated nothing.
-    paired = paired.with_columns(pl.lit(0.0).alias("steps_high"), pl.lit(0.0).alias("steps_to_reference"))
+    paired = paired.with_columns(pl.lit(None, pl.Float64).alias(c) for c in ("area", "area_low", "area_high"))
     variance = variance.with_columns(pl.lit(1).alias("traces"))
     cost = cost.with_columns(pl.lit(0.0).alias("rollout_tokens_per_step"))
     rows = {
@@ -201,7 +234,36 @@ def test_too_little_to_judge_is_inconclusive(inputs):
     }
     assert (
         rows["sample_efficiency"].verdict == "inconclusive"
-        and "no better than its start" in rows["sample_efficiency"].note
+        and "no learning curves" in rows["sample_efficiency"].note
     )
     assert rows["mc_estimates_noisy"].verdict == "inconclusive"
-    assert rows["cost"].verdict == "supported" and "generated no rollouts" in rows["cost"].note
+    assert rows["cost"].verdict == "within the paper's range" and "generated no rollouts" in rows["cost"].note
+
+
+def test_a_difference_inside_the_threshold_is_too_small_to_matter(inputs):
+    cfg, paired, *rest = inputs
+    paired = paired.with_columns(
+        pl.when(pl.col("arm") == "RREDCoT").then(-0.004).otherwise(pl.col("diff_low")).alias("diff_low"),
+        pl.when(pl.col("arm") == "RREDCoT").then(0.004).otherwise(pl.col("diff_high")).alias("diff_high"),
+    )
+    rows = {c.claim: c.verdict for c in K.claims_table(cfg, paired, *rest, SOURCES)}
+    assert rows["rredcot_beats_grpo"] == "too small to matter"
+
+
+def test_power_says_what_the_run_can_detect(inputs):
+    _, paired, *_ = inputs
+    power = {p.arm: p for p in K.power_table(paired)}
+    assert set(power) == {"RREDCoT", "MC", "Oracle"}  # sampled rows only
+    rredcot = power["RREDCoT"]
+    assert rredcot.half_width == pytest.approx(0.03) and not rredcot.powered
+    se = 0.03 / K.Z95
+    assert rredcot.detectable == pytest.approx((K.Z95 + K.Z80) * se)
+    assert rredcot.detectable_by_size == pytest.approx(K.ACCURACY_THRESHOLD + (K.Z95 + K.Z80) * se)
+    # Seeds for ±0.01 from the two spreads: 1.96^2 (0.02^2 + 0.2^2 / 100) / 0.01^2 = 30.7 -> 31.
+    assert rredcot.seeds_needed == 31
+    md = K.markdown([], "x", list(power.values()))
+    assert "**Power: underpowered.**" in md and "| RREDCoT | 3 x 100 |" in md
+    tight = paired.with_columns(
+        (pl.col("diff") - 0.008).alias("diff_low"), (pl.col("diff") + 0.008).alias("diff_high")
+    )
+    assert "**Power: powered.**" in K.markdown([], "x", K.power_table(tight))

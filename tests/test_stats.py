@@ -58,3 +58,28 @@ def test_steps_to_reach_reference():
     assert steps_to_reach_reference(steps, reference, reference, n_boot=50).estimate == 40
     slower = reference - 0.1
     assert steps_to_reach_reference(steps, slower, reference, n_boot=50).high == math.inf
+
+
+def test_paired_area_is_the_mean_lead_over_the_run():
+    from rredcot.infra.stats import paired_area
+
+    steps = [0, 10, 20, 40]
+    reference = np.array([[0.5, 0.6, 0.7, 0.8], [0.5, 0.6, 0.7, 0.8]])
+    # Seed 0 leads by 0.02 at every probe but the first; seed 1 by 0.04 from step 10 on.
+    arm = reference + np.array([[0.0, 0.02, 0.02, 0.02], [0.0, 0.04, 0.04, 0.04]])
+    got = paired_area(steps, arm, reference, n_boot=500)
+    # Trapezoids: (0 + d) / 2 * 10 + d * 10 + d * 20 = 35 d over 40 steps.
+    assert got.estimate == pytest.approx((35 * 0.02 / 40 + 35 * 0.04 / 40) / 2)
+    assert 35 * 0.02 / 40 - 1e-12 <= got.low <= got.estimate <= got.high <= 35 * 0.04 / 40 + 1e-12
+    with pytest.raises(ValueError):
+        paired_area([0], arm[:, :1], reference[:, :1])
+
+
+def test_seed_sd_splits_the_spread_over_seeds_and_problems():
+    from rredcot.infra.stats import seed_sd
+
+    reference = np.zeros((3, 4))
+    arm = np.array([[0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    between, within = seed_sd(arm, reference)
+    assert between == pytest.approx(np.std([0.5, 1.0, 0.0], ddof=1))
+    assert within == pytest.approx(np.sqrt(np.mean([np.var([0, 1, 0, 1], ddof=1), 0.0, 0.0])))

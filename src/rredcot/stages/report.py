@@ -30,7 +30,7 @@ import polars as pl
 from rredcot.infra.io import atomic_path, read_jsonl
 from rredcot.infra.logs import setup_logging
 from rredcot.infra.results import BASE, load_summaries
-from rredcot.infra.stats import Interval, paired_difference, steps_to_reach_reference
+from rredcot.infra.stats import Interval, paired_area, paired_difference, seed_sd, steps_to_reach_reference
 from rredcot.settings.config import active_arms, arm_label
 from rredcot.settings.reads import stage_config
 
@@ -112,8 +112,10 @@ def paired_table(cfg: Mapping[str, Any], summaries: Sequence[str], curves: Seque
     """Each arm against the first arm of the run (GRPO in the default), paired by seed and problem.
 
     Per metric: the final held-out accuracy difference with a two-level bootstrap interval (seeds,
-    then problems), and the RL steps the arm's mean learning curve needs to reach the reference's
-    final accuracy, with a bootstrap interval over seeds (inf: not reached)."""
+    then problems) and its spread (``seed_sd``: over seeds of each seed's mean difference;
+    ``problem_sd``: over problems within a seed); the RL steps the arm's mean learning curve needs to
+    reach the reference's final accuracy, and the area between the curves per step (``area``: the
+    arm's mean lead over the run), each with a bootstrap interval over seeds (inf: not reached)."""
     arms = active_arms(cfg)
     reference, others = arms[0], arms[1:]
     n_boot, seed = cfg["studies"]["bootstrap"], cfg["studies"]["seed"]
@@ -133,20 +135,21 @@ def paired_table(cfg: Mapping[str, Any], summaries: Sequence[str], curves: Seque
                 n_boot,
                 seed,
             )
-            reach = Interval(math.nan, math.nan, math.nan)
+            spread = seed_sd(
+                _matrix(scores, arm, seeds, metric, ids), _matrix(scores, reference, seeds, metric, ids)
+            )
+            reach = area = Interval(math.nan, math.nan, math.nan)
             if curve is not None:
                 steps = sorted(
                     set(curve.filter(pl.col("arm") == arm)["step"])
                     & set(curve.filter(pl.col("arm") == reference)["step"])
                 )
                 if steps:
-                    reach = steps_to_reach_reference(
-                        steps,
-                        _curves(curve, arm, seeds, steps, metric),
-                        _curves(curve, reference, seeds, steps, metric),
-                        n_boot,
-                        seed,
-                    )
+                    arm_curves = _curves(curve, arm, seeds, steps, metric)
+                    reference_curves = _curves(curve, reference, seeds, steps, metric)
+                    reach = steps_to_reach_reference(steps, arm_curves, reference_curves, n_boot, seed)
+                    if len(steps) > 1:
+                        area = paired_area(steps, arm_curves, reference_curves, n_boot, seed)
             rows.append(
                 {
                     "arm": arm_label(cfg, arm),
@@ -160,6 +163,11 @@ def paired_table(cfg: Mapping[str, Any], summaries: Sequence[str], curves: Seque
                     "steps_to_reference": reach.estimate,
                     "steps_low": reach.low,
                     "steps_high": reach.high,
+                    "area": round(area.estimate, 4),
+                    "area_low": round(area.low, 4),
+                    "area_high": round(area.high, 4),
+                    "seed_sd": round(spread[0], 4),
+                    "problem_sd": round(spread[1], 4),
                 }
             )
     schema = {
@@ -169,7 +177,20 @@ def paired_table(cfg: Mapping[str, Any], summaries: Sequence[str], curves: Seque
         "seeds": pl.Int64,
         "problems": pl.Int64,
         **dict.fromkeys(
-            ("diff", "diff_low", "diff_high", "steps_to_reference", "steps_low", "steps_high"), pl.Float64
+            (
+                "diff",
+                "diff_low",
+                "diff_high",
+                "steps_to_reference",
+                "steps_low",
+                "steps_high",
+                "area",
+                "area_low",
+                "area_high",
+                "seed_sd",
+                "problem_sd",
+            ),
+            pl.Float64,
         ),
     }
     return pl.DataFrame(rows, schema=schema)
