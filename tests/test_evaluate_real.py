@@ -95,7 +95,12 @@ def _check_record(rec: dict, k: int, max_new_tokens: int) -> None:
 def test_cli_evaluates_all_four_benchmarks(model_dir: Path, tmp_path: Path) -> None:
     override = tmp_path / "real.yaml"
     override.write_text(
-        yaml.safe_dump({"results_dir": str(tmp_path / "results"), "prompt": PROMPT, "eval": EVAL})
+        yaml.safe_dump({
+            "results_dir": str(tmp_path / "results"),
+            "model": {"kind": "pretrained", "name_or_path": str(model_dir)},
+            "prompt": PROMPT,
+            "eval": EVAL,
+        })
     )
     out, summary_path = tmp_path / "records.jsonl", tmp_path / "summary.json"
     argv = ["--config", str(ROOT / "config" / "config.yaml"), str(override), "--model", str(model_dir)]

@@ -457,3 +457,27 @@ def test_evaluation_batches_get_no_credit(setup):
     assert batch["advantages"].dim() == 1  # TRL's own advantages
     assert len(trainer._metrics["train"]["credit/traces"]) == traces_logged
     assert not any(k.startswith("credit/") for k in trainer._metrics["eval"])
+
+
+def test_credit_metrics_reach_mlflow_every_step(setup, tmp_path):
+    """The stage's callback logs each step's credit metrics to its MLflow run, here where credit runs
+    on every step (the length reward gives every group an advantage); the smoke workflow checks the
+    same metrics where no trace needs credit (test_workflow.py)."""
+    from mlflow import MlflowClient
+
+    from rredcot.infra.tracking import job_run, tracking_uri
+    from rredcot.stages.train import CurveCallback
+
+    cfg, tok, _, _, _ = setup
+    cfg = {**cfg, "rl": {**cfg["rl"], "max_steps": 2}}
+    with job_run("t", results_dir=tmp_path, experiment="x", rule="train", arm="rredcot", seed=0) as run:
+        callback = CurveCallback(run, tok, [], cfg["prompt"], 0, {}, tmp_path / "metrics.jsonl")
+        trainer = _trainer(setup, "mlflow", credit_config(cfg, "rredcot"), "rredcot", cfg=cfg, callbacks=[callback])
+        callback.trainer = trainer
+        trainer.train()
+    client = MlflowClient(tracking_uri=tracking_uri(tmp_path))
+    history = {m: client.get_metric_history(run.run_id, m) for m in ("credit/traces", "credit/seconds")}
+    assert [m.step for m in history["credit/traces"]] == [1, 2]
+    assert all(m.value > 0 for m in history["credit/traces"])
+    assert [m.step for m in history["credit/seconds"]] == [1, 2]
+    assert all(m.value > 0 for m in history["credit/seconds"])
