@@ -63,8 +63,7 @@ _EXIT_TEXTS = ("prompt.exit_string", "prompt.answer_prefix", "prompt.answer_suff
 # How the local PRM is trained (studies.prm, kind local).
 _PRM_TRAINING = tuple(
     f"studies.prm.{key}"
-    for key in ("epochs", "batch_size", "learning_rate", "weight_decay", "val_fraction")
-    + ("label", "answer_hint")
+    for key in "epochs batch_size learning_rate weight_decay val_fraction label answer_hint".split()
 )
 
 READS: dict[str, StageReads] = {
