@@ -43,6 +43,7 @@ def batch_gradients(model, tok, gen, rows, cfg, arms, assigners, seed) -> dict[s
         prompts,
         n=rl["num_generations"],
         temperature=rl["temperature"],
+        top_p=1.0,  # as training samples: the whole distribution
         max_new_tokens=rl["max_completion_length"],
         seed=seed,
     )
@@ -102,7 +103,7 @@ def main() -> None:
     for arm, credit in credits.items():
         if credit.kind.needs_rollouts:
             ap.error(f"arm {arm!r} needs Monte Carlo rollouts, which only the trainer samples")
-    tok, model = load_tokenizer(args.model), load_model(args.model)
+    tok, model = load_tokenizer(args.model), load_model(args.model, "float32")  # as training holds it
     rows = [json.loads(line) for line in open(args.data)]
     random.Random(args.seed).shuffle(rows)
     assigners = {arm: CreditAssigner(tok, credit) for arm, credit in credits.items()}

@@ -81,8 +81,17 @@ def test_greedy_baseline_matches_naive_decoding_and_teacher_forcing(name, seed, 
     elif drafts == "right":  # the naive greedy solution after its first decoded token
         given = [[*_greedy_tokens(model, head, 12)[1:]] for head in heads]
     got, solutions = greedy_answer_log_probs(
-        model, heads, answers, prefix, suffix, stop_at, [EOS], max_new,
-        solution_starts=starts, budget=budget, drafts=given,
+        model,
+        heads,
+        answers,
+        prefix,
+        suffix,
+        stop_at,
+        [EOS],
+        max_new,
+        solution_starts=starts,
+        budget=budget,
+        drafts=given,
     )
     for b, (log_p, solution) in enumerate(want):
         assert solutions[b] == solution

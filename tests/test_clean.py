@@ -231,7 +231,7 @@ def test_require_solution_switch_is_reported(capsys) -> None:
         {**REAL_ROW, "solution": None},
         {**REAL_ROW, "id": "real-2", "problem": "Other.", "solution": None},
     ]
-    assert check_row(rows[0], require_solution=False) == []
+    assert check_row(rows[0], settings=CleanSettings(require_solution=False)) == []
     _, flags, report = clean_rows(rows, settings=CleanSettings(require_solution=False))
     assert not any(flag["flagged"] for flag in flags)
     assert report["checks"]["missing_solution"].startswith("OFF")
@@ -277,7 +277,8 @@ def test_near_duplicates_need_similar_text_numbers_and_answer() -> None:
 
 def test_lsh_finds_the_same_near_pairs_as_brute_force(rl_rows: list[dict]) -> None:
     texts = [row["problem"] for row in rl_rows[:400]]
-    hasher, threshold = Sketcher(), 0.5
+    defaults = CleanSettings()
+    hasher, threshold = Sketcher(defaults.shingle_size, defaults.minhash_permutations), 0.5
     sketches = [hasher.sketch(text) for text in texts]
     brute = {
         j
@@ -376,7 +377,8 @@ def test_real_solution_answer_mismatch_is_detected() -> None:
     ]
     assert len(wrong) >= 45  # a few neighbours share the answer
     assert all("solution_answer_mismatch" in check_row(row, resolvers=[]) for row in wrong)
-    assert all(check_row(row, resolvers=[], min_solution_steps=0) == [] for row in _load("aime24"))
+    loose = CleanSettings(min_solution_steps=0)
+    assert all(check_row(row, resolvers=[], settings=loose) == [] for row in _load("aime24"))
 
 
 def test_real_duplicates_in_math_train() -> None:

@@ -19,8 +19,9 @@ from rredcot.data.grading import extract_answer, grade
 from rredcot.data.records import build_prompt
 from rredcot.infra.io import read_jsonl
 from rredcot.lm.evaluation import evaluate_rows, load_benchmarks, problem_record, summarize
-from rredcot.lm.generation import Completion, HFGenerator, make_generator
+from rredcot.lm.generation import Completion, HFGenerator, VLLMOptions, make_generator
 from rredcot.lm.modeling import build_scratch_model, load_model, load_tokenizer, train_tokenizer
+from rredcot.settings.config import validate
 from rredcot.stages.evaluate import main
 
 ROOT = Path(__file__).parents[1]
@@ -95,12 +96,14 @@ def _check_record(rec: dict, k: int, max_new_tokens: int) -> None:
 def test_cli_evaluates_all_four_benchmarks(model_dir: Path, tmp_path: Path) -> None:
     override = tmp_path / "real.yaml"
     override.write_text(
-        yaml.safe_dump({
-            "results_dir": str(tmp_path / "results"),
-            "model": {"kind": "pretrained", "name_or_path": str(model_dir)},
-            "prompt": PROMPT,
-            "eval": EVAL,
-        })
+        yaml.safe_dump(
+            {
+                "results_dir": str(tmp_path / "results"),
+                "model": {"kind": "pretrained", "name_or_path": str(model_dir)},
+                "prompt": PROMPT,
+                "eval": EVAL,
+            }
+        )
     )
     out, summary_path = tmp_path / "records.jsonl", tmp_path / "summary.json"
     argv = ["--config", str(ROOT / "config" / "config.yaml"), str(override), "--model", str(model_dir)]
@@ -129,7 +132,7 @@ def test_cli_evaluates_all_four_benchmarks(model_dir: Path, tmp_path: Path) -> N
 
 
 def test_greedy_off_and_prompt_string(model_dir: Path) -> None:
-    model, tok = load_model(model_dir), load_tokenizer(model_dir)
+    model, tok = load_model(model_dir, "float32"), load_tokenizer(model_dir)
     rows = load_benchmarks(FILES[1:3], max_problems=1)
     cfg = {**EVAL, "greedy": False, "n_samples": 3}
     records, summary = evaluate_rows(model, tok, rows, PROMPT, cfg, seed=0, progress=False)
@@ -141,7 +144,7 @@ def test_greedy_off_and_prompt_string(model_dir: Path) -> None:
 
 
 def test_sampling_is_seeded(model_dir: Path) -> None:
-    gen = HFGenerator(load_model(model_dir), load_tokenizer(model_dir), batch_size=3)
+    gen = HFGenerator(load_model(model_dir, "float32"), load_tokenizer(model_dir), batch_size=3)
     prompts = [r["problem"] for r in read_jsonl(FILES[3])[:2]]
     kwargs = {"n": 2, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8}
     first, again = gen.generate(prompts, seed=1, **kwargs), gen.generate(prompts, seed=1, **kwargs)
@@ -154,13 +157,13 @@ def test_a_sample_depends_on_its_prompt_seed_and_index_only(model_dir: Path) -> 
     """Each (prompt, sample) row has its own stream: the batch around it does not matter, and two
     models that differ a little draw the same noise, so most of their samples agree (common random
     numbers for paired arms), far more than under independent seeds."""
-    model, tok = load_model(model_dir), load_tokenizer(model_dir)
+    model, tok = load_model(model_dir, "float32"), load_tokenizer(model_dir)
     prompts = [r["problem"] for r in read_jsonl(FILES[3])[:6]]
     kwargs = {"n": 4, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 6}
     alone = HFGenerator(model, tok, batch_size=1).generate(prompts[:1], seed=3, **kwargs)
     batched = HFGenerator(model, tok, batch_size=7).generate(prompts, seed=3, **kwargs)
     assert batched[0] == alone[0]
-    other = load_model(model_dir)
+    other = load_model(model_dir, "float32")
     with torch.no_grad():
         for p in other.parameters():
             p.add_(0.02 * p.std() * torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
@@ -176,17 +179,17 @@ def test_a_sample_depends_on_its_prompt_seed_and_index_only(model_dir: Path) -> 
 
 def test_stop_tokens_of_the_model_end_completions(model_dir: Path) -> None:
     """Chat models list extra end-of-turn ids in their generation config; generation stops at them."""
-    model, tok = load_model(model_dir), load_tokenizer(model_dir)
+    model, tok = load_model(model_dir, "float32"), load_tokenizer(model_dir)
     prompts = [build_prompt(PROMPT, r["problem"], tok) for r in read_jsonl(FILES[2])[:2]]
     greedy = {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 6, "seed": 0}
-    before = HFGenerator(model, tok).generate(prompts, **greedy)
+    before = HFGenerator(model, tok, batch_size=2).generate(prompts, **greedy)
     assert all(c.truncated and c.n_tokens == 6 for [c] in before)
     # Declare the first greedy token of the first prompt an end-of-turn token of the model.
     with torch.no_grad():
         logits = model(**tok(prompts[0], return_tensors="pt", add_special_tokens=False)).logits
     first = int(logits[0, -1].argmax())
     model.generation_config.eos_token_id = [tok.eos_token_id, first]
-    [[stopped], _] = HFGenerator(model, tok).generate(prompts, **greedy)
+    [[stopped], _] = HFGenerator(model, tok, batch_size=2).generate(prompts, **greedy)
     assert (stopped.n_tokens, stopped.truncated) == (1, False)
 
 
@@ -262,8 +265,9 @@ def test_vllm_backend_without_vllm_says_what_to_install(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail even where it is installed
+    opts = VLLMOptions.from_config(validate({})["eval"]["vllm"])
     with pytest.raises(ImportError, match=r"rredcot\[gpu\]"):
-        make_generator("vllm", model_dir, load_tokenizer(model_dir))
+        make_generator("vllm", model_dir, load_tokenizer(model_dir), dtype="auto", batch_size=4, options=opts)
 
 
 def test_max_problems_caps_each_file() -> None:

@@ -4,6 +4,7 @@ exactly its readers under ``snakemake -n``) is in test_workflow.py."""
 
 from __future__ import annotations
 
+import ast
 import json
 import pickle
 import re
@@ -152,13 +153,58 @@ def test_resume_fingerprints_use_the_same_settings() -> None:
     assert sft_stage.job_settings(stage_view(CFG, "sft")) == stage_settings(CFG, "sft")
 
 
+def _rule_blocks() -> dict[str, str]:
+    """Rule name -> its text, from every rules file: the lines after ``rule NAME:`` that are
+    indented deeper than it (rules inside an ``if`` block included)."""
+    blocks: dict[str, str] = {}
+    for path in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            found = re.match(r"(\s*)rule (\w+):\s*$", line)
+            if not found:
+                continue
+            indent, body = len(found.group(1)), []
+            for nxt in lines[i + 1 :]:
+                if nxt.strip() and len(nxt) - len(nxt.lstrip()) <= indent:
+                    break
+                body.append(nxt)
+            assert found.group(2) not in blocks, f"rule {found.group(2)} twice"
+            blocks[found.group(2)] = "\n".join(body)
+    return blocks
+
+
+def _stage_module(block: str) -> str:
+    """The module whose ``main`` the rule's command runs (``rredcot launch STAGE`` runs STAGE's)."""
+    from rredcot.cli import STAGES
+
+    words = re.search(r'"rredcot (\S+)(?: (\S+))?', block)
+    assert words, block
+    command = words.group(2) if words.group(1) == "launch" else words.group(1)
+    return STAGES[command].split(":")[0]
+
+
+def _opened_views(module: str) -> set[str]:
+    """The stages whose view ``module`` opens: literal stage names of its ``stage_config`` calls."""
+    tree = ast.parse((ROOT / "src" / Path(*module.split("."))).with_suffix(".py").read_text())
+    return {
+        call.args[1].value
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and getattr(call.func, "id", getattr(call.func, "attr", None)) == "stage_config"
+        and len(call.args) > 1
+        and isinstance(call.args[1], ast.Constant)
+    }
+
+
 def test_every_rule_and_stage_use_the_declared_reads() -> None:
-    """Each rule's params hold `settings("<its stage>")`, and each stage module opens that view."""
-    rules = "".join(p.read_text() for p in (ROOT / "workflow" / "rules").glob("*.smk"))
-    blocks = dict(re.findall(r"^\s*rule (\w+):\n(.*?)(?=^\s*rule |\Z)", rules, re.M | re.S))
-    assert set(READS) <= set(blocks) | {"fetch"} and "fetch" in rules
-    for stage in READS:
-        assert f'settings=settings("{stage}")' in blocks.get(stage, rules), stage
-    sources = "".join(p.read_text() for p in (ROOT / "src" / "rredcot").rglob("*.py"))
-    for stage in READS:
-        assert re.search(rf'stage_config\([^)]*"{stage}"', sources), stage
+    """Each rule that runs a command is a stage of READS and each stage a rule; the rule's params
+    hold `settings("<its name>")` (its own reads, no other stage's), and the module its command
+    runs opens that stage's view of the config, and only that one."""
+    blocks = _rule_blocks()
+    commands = {name: block for name, block in blocks.items() if "shell:" in block}
+    assert set(commands) == set(READS)
+    for stage, block in commands.items():
+        assert re.findall(r"\bsettings\(([^)]*)\)", block) == [f'"{stage}"'], stage
+        assert re.search(rf'^\s*settings=settings\("{stage}"\),$', block, re.M), stage
+        module = _stage_module(block)
+        assert _opened_views(module) == {stage}, f"{stage}: {module} opens {_opened_views(module)}"

@@ -295,7 +295,7 @@ def test_resumed_training_equals_uninterrupted_training(base: Path, tmp_path: Pa
     cfg = load_config(CONFIGS, {"rl": {"max_steps": 4, "save_every": 2, "max_completion_length": 24}})
     from rredcot.lm.modeling import load_model, load_tokenizer
 
-    tok, start = load_tokenizer(base / "model"), load_model(base / "model")
+    tok, start = load_tokenizer(base / "model"), load_model(base / "model", "float32")
     dataset = Dataset.from_list(rl_records([json.loads(x) for x in open(base / "rl.jsonl")], "{problem}"))
 
     def trainer(out: Path, *callbacks: TrainerCallback) -> RREDCoTTrainer:

@@ -16,12 +16,12 @@ def test_a_clear_gain_excludes_zero_and_no_gain_does_not():
     rng = np.random.default_rng(0)
     reference = (rng.random((5, 200)) < 0.5).astype(float)
     better = np.maximum(reference, (rng.random((5, 200)) < 0.3))  # fixes about 15% of the problems
-    gain = paired_difference(better, reference, n_boot=500)
+    gain = paired_difference(better, reference, n_boot=500, seed=0)
     assert gain.estimate == pytest.approx((better - reference).mean())
     assert gain.low > 0.05 and gain.excludes_zero()
-    same = paired_difference(reference, reference, n_boot=200)
+    same = paired_difference(reference, reference, n_boot=200, seed=0)
     assert same.estimate == same.low == same.high == 0.0 and not same.excludes_zero()
-    noise = paired_difference((rng.random((5, 200)) < 0.5).astype(float), reference, n_boot=500)
+    noise = paired_difference((rng.random((5, 200)) < 0.5).astype(float), reference, n_boot=500, seed=0)
     assert noise.low < 0 < noise.high
 
 
@@ -39,9 +39,9 @@ def test_the_interval_holds_the_estimate_and_is_paired(n_seeds, n_problems, seed
 
 def test_paired_difference_rejects_unpaired_shapes():
     with pytest.raises(ValueError, match="one shape"):
-        paired_difference(np.zeros((2, 3)), np.zeros((3, 3)))
+        paired_difference(np.zeros((2, 3)), np.zeros((3, 3)), 100, 0)
     with pytest.raises(ValueError, match="level"):
-        paired_difference(np.zeros((2, 3)), np.zeros((2, 3)), level=1.0)
+        paired_difference(np.zeros((2, 3)), np.zeros((2, 3)), 100, 0, level=1.0)
 
 
 def test_steps_to_reach():
@@ -53,11 +53,11 @@ def test_steps_to_reach_reference():
     steps = [0, 10, 20, 30, 40]
     reference = np.array([[0.2, 0.3, 0.4, 0.5, 0.6]] * 3)
     faster = np.array([[0.2, 0.4, 0.6, 0.7, 0.8]] * 3)
-    got = steps_to_reach_reference(steps, faster, reference, n_boot=100)
+    got = steps_to_reach_reference(steps, faster, reference, n_boot=100, seed=0)
     assert (got.estimate, got.low, got.high) == (20, 20, 20)
-    assert steps_to_reach_reference(steps, reference, reference, n_boot=50).estimate == 40
+    assert steps_to_reach_reference(steps, reference, reference, n_boot=50, seed=0).estimate == 40
     slower = reference - 0.1
-    assert steps_to_reach_reference(steps, slower, reference, n_boot=50).high == math.inf
+    assert steps_to_reach_reference(steps, slower, reference, n_boot=50, seed=0).high == math.inf
 
 
 def test_paired_area_is_the_mean_lead_over_the_run():
@@ -67,12 +67,12 @@ def test_paired_area_is_the_mean_lead_over_the_run():
     reference = np.array([[0.5, 0.6, 0.7, 0.8], [0.5, 0.6, 0.7, 0.8]])
     # Seed 0 leads by 0.02 at every probe but the first; seed 1 by 0.04 from step 10 on.
     arm = reference + np.array([[0.0, 0.02, 0.02, 0.02], [0.0, 0.04, 0.04, 0.04]])
-    got = paired_area(steps, arm, reference, n_boot=500)
+    got = paired_area(steps, arm, reference, n_boot=500, seed=0)
     # Trapezoids: (0 + d) / 2 * 10 + d * 10 + d * 20 = 35 d over 40 steps.
     assert got.estimate == pytest.approx((35 * 0.02 / 40 + 35 * 0.04 / 40) / 2)
     assert 35 * 0.02 / 40 - 1e-12 <= got.low <= got.estimate <= got.high <= 35 * 0.04 / 40 + 1e-12
     with pytest.raises(ValueError):
-        paired_area([0], arm[:, :1], reference[:, :1])
+        paired_area([0], arm[:, :1], reference[:, :1], n_boot=10, seed=0)
 
 
 def test_seed_sd_splits_the_spread_over_seeds_and_problems():

@@ -216,7 +216,7 @@ def test_attribute_end_to_end_and_figure_files(tmp_path) -> None:  # noqa: ANN00
         for j in range(len(t["cuts"]))
     ]
     prompt_cfg = {"exit_string": "</think>\n", "answer_prefix": " \\boxed{", "answer_suffix": "}"}
-    rows, timing = attribute(lm, tok, traces, mc_rows, prompt_cfg, progress=False)
+    rows, timing = attribute(lm, tok, traces, mc_rows, prompt_cfg, 32768, progress=False)
     assert len(rows) == sum(len(t["cuts"]) - 1 for t in traces)
     assert set(timing) == {"loo_seconds", "grad_seconds"}
     for key in ("rredcot", "loo", "loo_value", "grad_norm", "grad_norm_value", "mc"):

@@ -76,7 +76,9 @@ def test_sampler_rows_do_not_depend_on_their_batch(setup: dict) -> None:
     )[1:]
     assert [r.token_ids for r in alone] == [r.token_ids for r in mixed]
     assert len({tuple(r.token_ids) for r in alone}) > 1  # different seeds, different samples
-    greedy = HFGenerator(model, tok, progress=False).sample([prefix] * 2, [1, 2], **{**kw, "temperature": 0})
+    greedy = HFGenerator(model, tok, batch_size=2, progress=False).sample(
+        [prefix] * 2, [1, 2], **{**kw, "temperature": 0}
+    )
     assert greedy[0].token_ids == greedy[1].token_ids
 
 
@@ -158,11 +160,15 @@ def test_bootstrap_sd_shrinks_as_samples_grow() -> None:
 
 # ------------------------------------------------------------------------------------- end to end
 def test_traces_mc_and_figures_pipeline(setup: dict, local_store: None, tmp_path: Path) -> None:
-    cfg, model = setup["config"], str(setup["root"] / "model")
+    m = 3
+    # The studies' settings come from the config alone (rredcot.settings.reads).
+    studies = {"n_traces": 4, "seed": 1, "max_new_tokens": 24, "mc_samples": m, "mc_max_new_tokens": 16}
+    (tmp_path / "studies.yaml").write_text(yaml.safe_dump({"studies": studies | {"bootstrap": 50}}))
+    cfg, model = [*setup["config"], str(tmp_path / "studies.yaml")], str(setup["root"] / "model")
     trace_file = tmp_path / "traces.jsonl"
     traces.main(
-        ["--config", *cfg, "--model", model, "--data", str(setup["root"] / "test.jsonl")]
-        + ["--out", str(trace_file), "--n-traces", "4", "--seed", "1", "--max-new-tokens", "24"]
+        ["--config", *cfg, "--set", "analysis", "--model", model, "--data", str(setup["root"] / "test.jsonl")]
+        + ["--out", str(trace_file)]
     )
     rows = read_jsonl(trace_file)
     assert len(rows) == 4 and len({r["level"] for r in rows}) == 4  # one per level
@@ -175,13 +181,11 @@ def test_traces_mc_and_figures_pipeline(setup: dict, local_store: None, tmp_path
         assert len(r["segment_rewards"]) == len(r["segment_starts"])
         assert r["advantage"] == (1.0 if r["correct"] else -1.0)
 
-    m = 3
     outs = [tmp_path / "mc1.jsonl", tmp_path / "mc2.jsonl"]
     for out in outs:
         mc.main(
             ["--config", *cfg, "--model", model, "--traces", str(trace_file), "--out", str(out)]
-            + ["--samples", str(m), "--max-new-tokens", "16", "--seed", "2", "--batch-size", "8"]
-            + ["--stats", str(out.with_suffix(".stats.json"))]
+            + ["--batch-size", "8", "--stats", str(out.with_suffix(".stats.json"))]
         )
     assert outs[0].read_bytes() == outs[1].read_bytes()  # deterministic in the seed
     records = read_jsonl(outs[0])
@@ -194,7 +198,7 @@ def test_traces_mc_and_figures_pipeline(setup: dict, local_store: None, tmp_path
     out_dir = tmp_path / "figures"
     figures_mc.main(
         ["--config", *cfg, "--traces", str(trace_file), "--mc", str(outs[0]), "--out-dir", str(out_dir)]
-        + ["--bootstrap", "50", "--mc-stats", str(outs[0].with_suffix(".stats.json"))]
+        + ["--mc-stats", str(outs[0].with_suffix(".stats.json"))]
     )
     for stem in ("fig3_truncation", "fig7_mc_variance"):
         assert (out_dir / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

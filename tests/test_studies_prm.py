@@ -13,8 +13,11 @@ from tiny_models import qwen_config
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
 from rredcot.lm.modeling import train_tokenizer
+from rredcot.settings.config import validate
 from rredcot.studies.figures_attr import prm_nll_figure, prm_rredcot_figure
 from rredcot.studies.prm import (
+    LOCAL_ANSWER_HINT,
+    MAX_BATCH_TOKENS,
     QWEN_SEPARATOR,
     LocalPRMScorer,
     QwenPRMScorer,
@@ -36,6 +39,11 @@ CHAT = (
 )
 PROMPT_CFG = {"style": "template", "template": "Problem: {problem}\n<think>\n"}
 LINES = ["First, 3 + 4 = 7.\n", "Next, 7 * 2 = 4.\n", "Wait, 7 * 2 = 14, so 4.\n", "So the result is 4.\n"]
+
+
+def _train_cfg(seed: int = 0, **prm: object) -> PRMTrainConfig:
+    """The PRM training settings of the config, with ``prm`` (studies.prm keys) and ``seed`` changed."""
+    return PRMTrainConfig.from_config(validate({"studies": {"seed": seed, "prm": prm}})["studies"])
 
 
 def _config(vocab: int, **kw: int) -> Qwen2Config:
@@ -80,7 +88,7 @@ def test_qwen_prm_text_places_one_separator_after_every_step(tok) -> None:  # no
         "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n"
         "<|im_start|>assistant\nStep one.<extra_0>Step two.<extra_0>Step three.<extra_0><|im_end|>\n"
     )
-    scorer = QwenPRMScorer(torch.nn.Linear(1, 1), tok)
+    scorer = QwenPRMScorer(torch.nn.Linear(1, 1), tok, MAX_BATCH_TOKENS)
     ids = scorer.encode(_step_trace(tok))
     seps = [p for p, t in enumerate(ids) if t == scorer.sep_id]
     assert len(seps) == 3
@@ -96,7 +104,7 @@ def test_qwen_prm_text_places_one_separator_after_every_step(tok) -> None:  # no
 def test_qwen_prm_scores_are_positive_probabilities_at_separators(tok, classifier) -> None:  # noqa: ANN001
     scorer = QwenPRMScorer(classifier, tok, max_batch_tokens=64)  # small budget: one trace per batch
     traces = [_step_trace(tok), _step_trace(tok, "Start at 9, times 3. Work mod 10.")]
-    batched = QwenPRMScorer(classifier, tok).score(traces)
+    batched = QwenPRMScorer(classifier, tok, MAX_BATCH_TOKENS).score(traces)
     assert [len(s.steps) for s in scorer.score(traces)] == [3, 3]
     for trace, got in zip(traces, batched, strict=True):
         ids = scorer.encode(trace)
@@ -111,18 +119,18 @@ def test_qwen_prm_scores_are_positive_probabilities_at_separators(tok, classifie
 def test_qwen_prm_loads_from_a_directory(tok, classifier, tmp_path) -> None:  # noqa: ANN001
     classifier.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    scorer = load_scorer("qwen-prm", str(tmp_path))
+    scorer = load_scorer("qwen-prm", str(tmp_path), "float32", MAX_BATCH_TOKENS)
     assert isinstance(scorer, QwenPRMScorer)
     trace = _step_trace(tok)
     assert scorer.score([trace])[0].steps == pytest.approx(
-        QwenPRMScorer(classifier, tok).score([trace])[0].steps
+        QwenPRMScorer(classifier, tok, MAX_BATCH_TOKENS).score([trace])[0].steps
     )
 
 
 def test_local_scorer_reads_prompt_end_and_step_ends(tok, classifier) -> None:  # noqa: ANN001
     assert local_positions(5, [3, 1, 4]) == [4, 7, 8, 12]
     trace = _step_trace(tok)
-    scorer = LocalPRMScorer(classifier, tok)
+    scorer = LocalPRMScorer(classifier, tok, LOCAL_ANSWER_HINT, MAX_BATCH_TOKENS)
     plain, given = scorer.score([trace])[0], scorer.score([trace], given_answer=True)[0]
     ids = trace.prompt_ids + [t for s in trace.step_ids for t in s]
     with torch.no_grad():
@@ -181,7 +189,7 @@ def sft_dir(tok, tmp_path_factory):  # noqa: ANN001, ANN201
 
 def test_examples_split_and_auc(tok) -> None:  # noqa: ANN001
     traces, mc = _traces_and_mc(tok)
-    cfg = PRMTrainConfig(label="hard")
+    cfg = _train_cfg(label="hard")
     examples, skipped = build_examples(traces, mc[:-1], lambda s: tok(s)["input_ids"], cfg)
     assert skipped == 1 and len(examples) == 2 * 7  # the last trace lacks one MC value; two copies each
     assert examples[0].targets == [1.0, 0.0, 0.0]  # hard labels: 1[m >= 0.5]
@@ -194,10 +202,10 @@ def test_examples_split_and_auc(tok) -> None:  # noqa: ANN001
 
 def test_prm_training_runs_and_is_deterministic_by_seed(tok, sft_dir, tmp_path) -> None:  # noqa: ANN001
     traces, mc = _traces_and_mc(tok)
-    cfg = PRMTrainConfig(epochs=2, batch_size=4, val_fraction=0.25, seed=3)
+    cfg = _train_cfg(epochs=2, batch_size=4, val_fraction=0.25, seed=3)
     model_a, _, summary_a = fit(sft_dir, traces, mc, cfg, progress=False)
     model_b, _, summary_b = fit(sft_dir, traces, mc, cfg, progress=False)
-    _, _, summary_c = fit(sft_dir, traces, mc, PRMTrainConfig(epochs=2, batch_size=4, seed=4), progress=False)
+    _, _, summary_c = fit(sft_dir, traces, mc, _train_cfg(epochs=2, batch_size=4, seed=4), progress=False)
     assert summary_a["epoch_losses"] == summary_b["epoch_losses"]
     assert summary_a["metrics"] == summary_b["metrics"]
     assert summary_a["epoch_losses"] != summary_c["epoch_losses"]
@@ -210,7 +218,8 @@ def test_prm_training_runs_and_is_deterministic_by_seed(tok, sft_dir, tmp_path) 
     model_a.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     (tmp_path / "prm.json").write_text(json.dumps(summary_a))
-    lines = score_traces(load_scorer("local", str(tmp_path)), traces, PROMPT_CFG, "local")
+    scorer = load_scorer("local", str(tmp_path), "float32", MAX_BATCH_TOKENS)
+    lines = score_traces(scorer, traces, PROMPT_CFG, "local")
     assert len(lines) == sum(len(t["cuts"]) - 1 for t in traces)
     assert all(0 < r["prm_score"] < 1 and r["prm_delta"] is not None for r in lines)
 

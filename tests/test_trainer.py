@@ -19,7 +19,7 @@ from rredcot.lm.modeling import build_scratch_model, train_tokenizer
 from rredcot.method.assign import CreditAssigner
 from rredcot.method.registry import TraceInput
 from rredcot.method.segmentation import find_text, thinking_end
-from rredcot.settings.config import credit_config, load_config
+from rredcot.settings.config import credit_config, load_config, validate
 
 CONFIG = "config/config.yaml"
 
@@ -183,15 +183,20 @@ def test_credit_config_rejects_unknown_method():
         CreditConfig(method="magic")
 
 
+def _arm(credit: str) -> dict:
+    """A validated arm of the credit method ``credit`` (every other setting at its default)."""
+    return validate({"arms": {"any": {"credit": credit}}})["arms"]["any"]
+
+
 def _credit_batch(setup, arm: str, seed: int = 99, **options):
     cfg, tok, model, dataset, out = setup
-    cfg = {**cfg, "arms": {**cfg["arms"], arm: {**cfg["arms"].get(arm, {}), "credit": arm.replace("_", "+")}}}
+    method = arm.replace("_", "+")
+    cfg = {**cfg, "arms": {**cfg["arms"], arm: {**cfg["arms"].get(arm, _arm(method)), "credit": method}}}
     credit = credit_config(cfg, arm)
     for key, value in options.items():
         setattr(credit, key, value)
-    trainer = _trainer(
-        setup, arm, credit, arm=arm, cfg={**cfg, "arms": {**cfg["arms"], arm: {"credit": "uniform"}}}
-    )
+    uniform = {**cfg, "arms": {**cfg["arms"], arm: _arm("uniform")}}
+    trainer = _trainer(setup, arm, credit, arm=arm, cfg=uniform)
     torch.manual_seed(seed)
     trainer.model.train()  # as in TRL's training loop: evaluation batches get no credit
     return trainer, trainer._generate_and_score_completions([dataset[i] for i in range(8)])
@@ -472,7 +477,8 @@ def test_credit_metrics_reach_mlflow_every_step(setup, tmp_path):
     cfg = {**cfg, "rl": {**cfg["rl"], "max_steps": 2}}
     with job_run("t", results_dir=tmp_path, experiment="x", rule="train", arm="rredcot", seed=0) as run:
         callback = CurveCallback(run, tok, [], cfg["prompt"], 0, {}, tmp_path / "metrics.jsonl")
-        trainer = _trainer(setup, "mlflow", credit_config(cfg, "rredcot"), "rredcot", cfg=cfg, callbacks=[callback])
+        credit = credit_config(cfg, "rredcot")
+        trainer = _trainer(setup, "mlflow", credit, "rredcot", cfg=cfg, callbacks=[callback])
         callback.trainer = trainer
         trainer.train()
     client = MlflowClient(tracking_uri=tracking_uri(tmp_path))

@@ -91,6 +91,69 @@ def test_dry_run_lists_every_stage(tmp_path):
     assert jobs["study_traces"] == 3 and jobs["study_mc"] == 2 and jobs["all"] == 1
 
 
+# Every study setting changed (but studies.prm.kind, which picks the jobs), with the settings the
+# studies share with other stages.
+STUDY_SETTINGS = {
+    "studies": {
+        "n_traces": 6,
+        "localisation_traces": 6,
+        "seed": 3,
+        "temperature": 0.9,
+        "top_p": 0.9,
+        "max_new_tokens": 40,
+        "mc_samples": 3,
+        "mc_max_new_tokens": 40,
+        "bootstrap": 60,
+        "backend": "vllm",
+        "prm": {
+            "name_or_path": "other/prm",
+            "n_traces": 6,
+            "epochs": 2,
+            "batch_size": 8,
+            "learning_rate": 0.0001,
+            "weight_decay": 0.01,
+            "val_fraction": 0.3,
+            "label": "hard",
+            "answer_hint": "plain",
+        },
+    },
+    "threads": {"eval": 2, "train": 2},
+    "model": {"dtype": "bfloat16"},
+    "eval": {"vllm": {"gpu_memory_utilization": 0.8}},
+    "credit": {"mix": 0.7, "budget": {"max_batch_tokens": 4096}},
+    "prompt": {"exit_string": "\n</reasoning>\n", "answer_prefix": " \\answer{"},
+}
+
+
+def _leaves(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        out += _leaves(value, name + ".") if isinstance(value, dict) and value else [(name, value)]
+    return out
+
+
+def _study_commands(proc: subprocess.CompletedProcess) -> list[str]:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return sorted(set(re.findall(r"rredcot study-[^\n]*", proc.stdout + proc.stderr)))
+
+
+def test_study_commands_carry_files_and_no_setting(tmp_path):
+    """A study's settings reach it through the config file and its declared reads: with every
+    study setting changed, each study job's command line is what it was."""
+    defaults = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["studies"]
+    leaves = {key for key, _ in _leaves(defaults)}
+    assert leaves - {"prm.kind"} == {k for k, _ in _leaves(STUDY_SETTINGS["studies"])}
+    overlay = tmp_path / "studies.yaml"
+    overlay.write_text(yaml.safe_dump(STUDY_SETTINGS))
+    before = _study_commands(_run(["-n", "-p", "all"], tmp_path))
+    after = _study_commands(_run(["-n", "-p", "all"], tmp_path, overlay))
+    rules = {"study-" + r.removeprefix("study_").replace("_", "-") for r in READS if r.startswith("study_")}
+    assert {c.split()[1] for c in before} == rules
+    assert len(before) == 11  # three trace sets, two MC runs, and one job of every other study
+    assert after == before
+
+
 # ------------------------------------------------------------------------------------- one run
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> Path:
@@ -281,6 +344,9 @@ CHANGES = {
     "sft.learning_rate": 0.002,
     "prompt.template": "Q: {problem}\n<think>\n",
     "prompt.exit_string": "\n</reasoning>\n",
+    "prompt.answer_prefix": " \\answer{",
+    "prompt.answer_suffix": "}\n",
+    "prompt.style": "template",
     "distributed.cpu_processes": 2,
     "arms.rredcot.credit_options": {"mix": 0.7},
     "rl.learning_rate": 0.0002,
@@ -293,6 +359,7 @@ CHANGES = {
     "eval.top_p": 0.9,
     "eval.n_samples": 3,
     "eval.temperature": 0.9,
+    "eval.vllm.gpu_memory_utilization": 0.8,
     "rl.eval_problems": 6,
     "run_arms": ["grpo", "rredcot"],
     "report.table2_metric": "pass@2",
@@ -308,7 +375,12 @@ CHANGES = {
     "studies.mc_max_new_tokens": 40,
     "studies.bootstrap": 60,
     "studies.prm.epochs": 2,
+    "studies.prm.batch_size": 8,
     "studies.prm.learning_rate": 0.0001,
+    "studies.prm.weight_decay": 0.01,
+    "studies.prm.val_fraction": 0.3,
+    "studies.prm.label": "hard",
+    "studies.prm.answer_hint": "plain",
     "studies.prm.kind": "local",
     "studies.prm.name_or_path": "other/prm",
 }
@@ -323,7 +395,7 @@ RUNS_ONLY = {
     "distributed.main_process_port": 29600,
 }
 # Values equal to the smoke config's: the setting is read, but this value changes nothing.
-SAME = {"studies.backend", "studies.prm.kind"}
+SAME = {"studies.backend", "studies.prm.kind", "prompt.style"}
 
 
 def _covers(declared: str, key: str) -> bool:

@@ -134,12 +134,6 @@ STUDY_FIGURES = [
 ]
 # Only the synthetic task knows where a wrong trace goes wrong.
 STUDY_LOCALISATION = [f"{STUDY}/localisation/localisation.json"] if SYNTHETIC else []
-# Traces per set of study traces; a set's seed is studies.seed plus its place here.
-STUDY_TRACES = {
-    "analysis": S["n_traces"],
-    "prm": S["prm"]["n_traces"],
-    "localisation": S["localisation_traces"],
-}
 
 
 def study_data(wildcards):

@@ -1,7 +1,9 @@
 # The paper's analyses on traces of the start model (Figures 3-7); paths and helpers are in
 # common.smk. `analysis` traces come from the held-out problems (the benchmarks at full scale);
 # `prm` traces, from the RL split, only train the small process reward model, so that it never
-# scores the traces it learned from.
+# scores the traces it learned from. Each command gets files and the trace set only: a study reads
+# its settings from the config file, the ones rredcot.settings.reads lists for it (the `settings`
+# param), so a changed setting reruns exactly the jobs that read it.
 
 
 rule study_traces:
@@ -22,15 +24,10 @@ rule study_traces:
     params:
         cfg=PY_CONFIG,
         model=START_MODEL,
-        n=lambda wc: STUDY_TRACES[wc.set],
-        seed=lambda wc: S["seed"] + list(STUDY_TRACES).index(wc.set),
-        sampling={k: S[k] for k in ("temperature", "top_p", "max_new_tokens")},
         settings=settings("study_traces"),
     shell:
-        "rredcot study-traces --config {params.cfg} --model {params.model} --data {input.data}"
-        " --out {output} --n-traces {params.n} --seed {params.seed}"
-        " --temperature {params.sampling[temperature]} --top-p {params.sampling[top_p]}"
-        " --max-new-tokens {params.sampling[max_new_tokens]} --threads {threads} > {log} 2>&1"
+        "rredcot study-traces --config {params.cfg} --set {wildcards.set} --model {params.model}"
+        " --data {input.data} --out {output} > {log} 2>&1"
 
 
 rule study_mc:
@@ -52,24 +49,10 @@ rule study_mc:
     params:
         cfg=PY_CONFIG,
         model=START_MODEL,
-        mc={
-            k: S[k]
-            for k in (
-                "mc_samples",
-                "mc_max_new_tokens",
-                "seed",
-                "temperature",
-                "top_p",
-                "backend",
-            )
-        },
         settings=settings("study_mc"),
     shell:
         "rredcot study-mc --config {params.cfg} --model {params.model} --traces {input.traces}"
-        " --out {output.mc} --stats {output.stats} --samples {params.mc[mc_samples]}"
-        " --max-new-tokens {params.mc[mc_max_new_tokens]} --seed {params.mc[seed]}"
-        " --temperature {params.mc[temperature]} --top-p {params.mc[top_p]}"
-        " --backend {params.mc[backend]} --threads {threads} > {log} 2>&1"
+        " --out {output.mc} --stats {output.stats} > {log} 2>&1"
 
 
 rule study_mc_figures:
@@ -98,14 +81,11 @@ rule study_mc_figures:
         "../../envs/rredcot.yaml"
     params:
         cfg=PY_CONFIG,
-        bootstrap=S["bootstrap"],
-        seed=S["seed"],
         settings=settings("study_mc_figures"),
         out_dir=lambda wc, output: Path(output.fig3).parent,
     shell:
         "rredcot study-mc-figures --config {params.cfg} --traces {input.traces} --mc {input.mc}"
-        " --mc-stats {input.stats} --out-dir {params.out_dir} --bootstrap {params.bootstrap}"
-        " --seed {params.seed} > {log} 2>&1"
+        " --mc-stats {input.stats} --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule study_attribution:
@@ -144,17 +124,14 @@ rule study_prm_train:
         f"{R}/benchmarks/studies/prm_train.tsv"
     conda:
         "../../envs/rredcot.yaml"
-    threads: config["threads"]["eval"]
+    threads: config["threads"]["train"]
     params:
         cfg=PY_CONFIG,
         model=START_MODEL,
-        prm={k: S["prm"][k] for k in ("epochs", "learning_rate")},
-        seed=S["seed"],
         settings=settings("study_prm_train"),
     shell:
         "rredcot study-prm-train --config {params.cfg} --model {params.model} --traces {input.traces}"
-        " --mc {input.mc} --out {output} --epochs {params.prm[epochs]}"
-        " --learning-rate {params.prm[learning_rate]} --seed {params.seed} > {log} 2>&1"
+        " --mc {input.mc} --out {output} > {log} 2>&1"
 
 
 rule study_prm:
@@ -172,12 +149,12 @@ rule study_prm:
     threads: config["threads"]["eval"]
     params:
         cfg=PY_CONFIG,
-        kind=S["prm"]["kind"],
         settings=settings("study_prm"),
-        prm=lambda wc, input: input.prm[0] if input.prm else S["prm"]["name_or_path"],
+        # The PRM trained here (kind local); a hub PRM is the config's studies.prm.name_or_path.
+        prm=lambda wc, input: f"--prm {input.prm[0]}" if input.prm else "",
     shell:
-        "rredcot study-prm --config {params.cfg} --prm {params.prm} --kind {params.kind}"
-        " --traces {input.traces} --out {output} > {log} 2>&1"
+        "rredcot study-prm --config {params.cfg} {params.prm} --traces {input.traces}"
+        " --out {output} > {log} 2>&1"
 
 
 rule study_attr_figures:

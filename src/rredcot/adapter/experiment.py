@@ -64,10 +64,10 @@ def grpo_args(
     """
     rl = cfg["rl"]
     cuda = torch.cuda.is_available()
-    gpu = rl.get("gpu", {}) if cuda else {}
+    gpu = rl["gpu"] if cuda else None  # GPU-only settings are ignored without CUDA
     micro, accumulate = micro_batching(cfg, processes)
     vllm = {}
-    if gpu.get("use_vllm"):
+    if gpu is not None and gpu["use_vllm"]:
         vllm = {"use_vllm": True, "vllm_mode": gpu["vllm_mode"]}
         if gpu["vllm_mode"] == "colocate":
             vllm["vllm_gpu_memory_utilization"] = gpu["vllm_gpu_memory_utilization"]
@@ -82,8 +82,8 @@ def grpo_args(
     precision = mixed_precision(cfg)
     return GRPOConfig(
         output_dir=str(output_dir),
-        loss_type=cfg["arms"][arm].get("loss_type", "grpo"),  # TRL's default is dapo: be explicit
-        top_entropy_quantile=cfg["arms"][arm].get("top_entropy_quantile", 1.0),
+        loss_type=cfg["arms"][arm]["loss_type"],  # TRL's default is dapo: always passed
+        top_entropy_quantile=cfg["arms"][arm]["top_entropy_quantile"],
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulate,
         num_generations=rl["num_generations"],
@@ -91,8 +91,8 @@ def grpo_args(
         temperature=rl["temperature"],
         top_k=0,
         learning_rate=rl["learning_rate"],
-        lr_scheduler_type=rl.get("lr_scheduler", "constant"),
-        warmup_steps=rl.get("warmup_steps", 0),
+        lr_scheduler_type=rl["lr_scheduler"],
+        warmup_steps=rl["warmup_steps"],
         max_steps=rl["max_steps"],
         beta=rl["beta"],
         epsilon=rl["epsilon"],
@@ -105,7 +105,7 @@ def grpo_args(
         **precision,
         # The policy's log-probabilities from a float32 head, as the credit passes compute theirs.
         cast_lm_head_to_fp32=precision["bf16"] or precision["fp16"],
-        gradient_checkpointing=bool(gpu.get("gradient_checkpointing", False)),
+        gradient_checkpointing=gpu is not None and bool(gpu["gradient_checkpointing"]),
         use_cpu=not cuda,
         **({"use_vllm": False} | vllm),
         seed=seed,

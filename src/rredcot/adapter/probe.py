@@ -32,6 +32,7 @@ def probe_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "batch_size": probe["batch_size"] or ev["batch_size"],
         "temperature": ev["temperature"],
         "top_p": ev["top_p"],
+        "keep_completions": False,  # the probe keeps scores only
     }
 
 

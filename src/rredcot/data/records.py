@@ -31,20 +31,20 @@ def build_prompt(prompt_cfg: Mapping[str, Any] | str, problem: str, tokenizer: A
     if isinstance(prompt_cfg, str):
         return format_prompt(prompt_cfg, problem)
     user = format_prompt(prompt_cfg["template"], problem)
-    if prompt_cfg.get("style", "template") == "chat":
+    if prompt_cfg["style"] == "chat":
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 "prompt.style is 'chat' but the tokenizer has no chat template; "
                 "use prompt.style: template or a tokenizer that defines one"
             )
         messages = []
-        if prompt_cfg.get("system_prompt"):
+        if prompt_cfg["system_prompt"]:
             messages.append({"role": "system", "content": prompt_cfg["system_prompt"]})
         messages.append({"role": "user", "content": user})
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     else:
         text = user
-    think_start = prompt_cfg.get("think_start") or ""
+    think_start = prompt_cfg["think_start"]
     if think_start.strip() and not text.rstrip().endswith(think_start.strip()):
         text += think_start
     return text

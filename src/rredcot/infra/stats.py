@@ -45,7 +45,7 @@ def _check_level(level: float, n_boot: int) -> None:
 
 
 def paired_difference(
-    arm: np.ndarray, reference: np.ndarray, n_boot: int = 2000, seed: int = 0, level: float = 0.95
+    arm: np.ndarray, reference: np.ndarray, n_boot: int, seed: int, level: float = 0.95
 ) -> Interval:
     """Mean of ``arm - reference`` over seeds and problems, with a two-level paired bootstrap interval.
 
@@ -77,8 +77,8 @@ def steps_to_reach_reference(
     steps: Sequence[float],
     arm: np.ndarray,
     reference: np.ndarray,
-    n_boot: int = 2000,
-    seed: int = 0,
+    n_boot: int,
+    seed: int,
     level: float = 0.95,
 ) -> Interval:
     """Steps the arm's seed-mean learning curve needs to reach the reference's final seed-mean
@@ -104,8 +104,8 @@ def paired_area(
     steps: Sequence[float],
     arm: np.ndarray,
     reference: np.ndarray,
-    n_boot: int = 2000,
-    seed: int = 0,
+    n_boot: int,
+    seed: int,
     level: float = 0.95,
 ) -> Interval:
     """The area between two learning curves per step of training: the trapezoidal area of the arm's

@@ -62,12 +62,12 @@ def evaluate_with(
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
     """Per-problem records and per-benchmark summary (``n``, ``greedy``, ``avg@k``, ``pass@k``, ...).
 
-    ``greedy`` overrides ``eval.greedy`` (default on).
+    ``greedy`` overrides ``eval.greedy``.
     """
     if greedy is None:
-        greedy = eval_cfg.get("greedy", True)
+        greedy = eval_cfg["greedy"]
     prompts = build_prompts(prompt_cfg, [r["problem"] for r in rows], tokenizer)
-    exit_string = None if isinstance(prompt_cfg, str) else prompt_cfg.get("exit_string")
+    exit_string = None if isinstance(prompt_cfg, str) else prompt_cfg["exit_string"]
     budget = eval_cfg["max_new_tokens"]
     greedy_out: list[list[Completion]] | list[None] = [None] * len(rows)
     if greedy:
@@ -83,7 +83,7 @@ def evaluate_with(
         max_new_tokens=budget,
         seed=seed,
     )
-    keep = bool(eval_cfg.get("keep_completions", False))
+    keep = bool(eval_cfg["keep_completions"])
     records = [
         problem_record(row, g[0] if g else None, samples, exit_string, keep)
         for row, g, samples in zip(rows, greedy_out, sampled_out, strict=True)

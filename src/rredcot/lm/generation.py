@@ -105,7 +105,7 @@ class GumbelSampling(LogitsProcessor):
 class HFGenerator:
     """transformers ``generate`` in left-padded batches on whatever device the model is on."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, batch_size: int = 64, progress: bool = False):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, batch_size: int, progress: bool = False):
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.progress = batch_size, progress
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -117,10 +117,10 @@ class HFGenerator:
         prompts: Sequence[str],
         *,
         n: int = 1,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 128,
-        seed: int = 0,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seed: int,
     ) -> list[list[Completion]]:
         encoded = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         # One random stream per (prompt, sample), as the vLLM backend seeds each request: a sample
@@ -145,9 +145,9 @@ class HFGenerator:
         prefixes: Sequence[Sequence[int]],
         seeds: Sequence[int],
         *,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 128,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
     ) -> list[Completion]:
         if len(prefixes) != len(seeds):
             raise ValueError(f"{len(prefixes)} prefixes but {len(seeds)} seeds")
@@ -228,16 +228,17 @@ def stop_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
 
 @dataclass(frozen=True)
 class VLLMOptions:
-    """Engine settings of the vLLM backend (the config's ``eval.vllm`` section)."""
+    """Engine settings of the vLLM backend: the config's ``eval.vllm`` section, whose defaults and
+    docs (``rredcot.settings.config.EvalVllm``) are theirs."""
 
-    dtype: str = "auto"  # weight/activation dtype ("auto": the checkpoint's torch_dtype)
-    gpu_memory_utilization: float = 0.9  # share of GPU memory for weights and KV cache
-    tensor_parallel_size: int = 1  # GPUs one model is split over
-    max_model_len: int | None = None  # prompt + completion tokens (None: the model's own limit)
+    dtype: str  # weight/activation dtype ("auto": the checkpoint's torch_dtype)
+    gpu_memory_utilization: float  # share of GPU memory for weights and KV cache
+    tensor_parallel_size: int  # GPUs one model is split over
+    max_model_len: int | None  # prompt + completion tokens (None: the model's own limit)
 
     @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> VLLMOptions:
-        return cls(**dict(section or {}))
+    def from_config(cls, section: Mapping[str, Any]) -> VLLMOptions:
+        return cls(**dict(section))
 
 
 def import_vllm() -> Any:
@@ -251,9 +252,9 @@ def import_vllm() -> Any:
     return vllm
 
 
-def load_vllm(model_path: str | Path, options: VLLMOptions | None = None, **extra: Any) -> Any:
+def load_vllm(model_path: str | Path, options: VLLMOptions, **extra: Any) -> Any:
     """A ``vllm.LLM`` for a saved model with the configured options (``extra``: more LLM arguments)."""
-    opts = options or VLLMOptions()
+    opts = options
     return import_vllm().LLM(
         model=str(model_path),
         dtype=opts.dtype,
@@ -271,7 +272,7 @@ class VLLMGenerator:
         self,
         model_path: str | Path,
         tokenizer: Any,
-        options: VLLMOptions | None = None,
+        options: VLLMOptions,
         progress: bool = False,
     ):
         self.vllm, self.tokenizer, self.progress = import_vllm(), tokenizer, progress
@@ -283,10 +284,10 @@ class VLLMGenerator:
         prompts: Sequence[str],
         *,
         n: int = 1,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 128,
-        seed: int = 0,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seed: int,
     ) -> list[list[Completion]]:
         from vllm.inputs import TokensPrompt
 
@@ -318,9 +319,9 @@ class VLLMGenerator:
         prefixes: Sequence[Sequence[int]],
         seeds: Sequence[int],
         *,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 128,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
     ) -> list[Completion]:
         from vllm.inputs import TokensPrompt
 
@@ -348,9 +349,9 @@ def make_generator(
     model_path: str | Path,
     tokenizer: Any,
     *,
-    dtype: str = "float32",
-    batch_size: int = 64,
-    options: VLLMOptions | None = None,
+    dtype: str,
+    batch_size: int,
+    options: VLLMOptions,
     progress: bool = True,
 ) -> Generator:
     """``hf`` (the saved model loaded in ``dtype``, on the GPU when there is one) or ``vllm`` (with

@@ -68,7 +68,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     return tok
 
 
-def load_model(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
+def load_model(path: str | Path, dtype: str) -> torch.nn.Module:
     """Load a causal LM with its weights in ``dtype`` (``model.dtype`` for inference; training loads
     float32 master weights and computes under autocast)."""
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))

@@ -12,19 +12,20 @@ from rredcot.lm.modeling import load_model, load_tokenizer
 
 def model_resolver(
     model_dir: str | Path,
-    k: int = 5,
-    max_new_tokens: int = 1024,
+    k: int,
+    max_new_tokens: int,
     temperature: float = 0.7,
     prompt_template: str | None = None,
 ) -> Resolver:
-    """Re-solve each problem with ``k`` samples from a (strong) causal LM; flag when most disagree.
+    """Re-solve each problem with ``k`` samples (``clean.resolve_samples``) of up to ``max_new_tokens``
+    tokens (``clean.resolve_max_new_tokens``) from a (strong) causal LM; flag when most disagree.
 
     The prompt is ``prompt_template`` with ``{problem}`` filled in, else the tokenizer's chat template
     with a "final answer in \\boxed{}" instruction. Heavy imports happen here, not at module import.
     """
     import torch
 
-    tokenizer, model = load_tokenizer(model_dir), load_model(model_dir).eval()
+    tokenizer, model = load_tokenizer(model_dir), load_model(model_dir, "float32").eval()
 
     def prompt(problem: str) -> str:
         if prompt_template is not None:

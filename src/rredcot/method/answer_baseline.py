@@ -319,9 +319,7 @@ class _Decoder:
         self.next_pos += kept
         self.step_at += 1
 
-    def look(
-        self, since: int, until: int, stop_at: Callable[[list[int]], int | None], eos: Set[int]
-    ) -> None:
+    def look(self, since: int, until: int, stop_at: Callable[[list[int]], int | None], eos: Set[int]) -> None:
         """Read the tokens greedy rows kept in steps ``[since, until)`` and roll back the rows whose
         solution ended (one host synchronisation). A rolled-back row then feeds its forced tokens,
         ``k`` a step: the host knows when it is done."""

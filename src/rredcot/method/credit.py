@@ -268,7 +268,6 @@ def oracle_segment_rewards(n_segments: int, culprit_segment: int | None) -> Tens
     return rewards
 
 
-
 @torch.no_grad()
 def mc_log_values(outcome_sums: Tensor | list[float], samples: int) -> Tensor:
     """log v̂ at each exit point from the summed outcomes (rewards in [0, 1]) of ``samples`` rollouts
@@ -286,8 +285,6 @@ def mc_log_values(outcome_sums: Tensor | list[float], samples: int) -> Tensor:
     if sums.isnan().any() or (sums < 0).any() or (sums > samples).any():
         raise ValueError(f"outcome sums must lie in [0, {samples}] (rewards in [0, 1])")
     return ((sums + 1.0) / (samples + 2.0)).log()
-
-
 
 
 @torch.no_grad()

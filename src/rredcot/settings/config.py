@@ -23,6 +23,7 @@ from typing import Any, Literal
 import yaml
 
 from rredcot.data.cleaning import CleanSettings
+from rredcot.data.registry import DEFAULT_REGISTRY
 from rredcot.data.synthetic import TaskConfig
 from rredcot.infra.typed import (
     SettingsError,
@@ -114,7 +115,7 @@ class Data:
     kind: Literal["synthetic", "datasets"] = "synthetic"
     """synthetic: generate the sft/rl/test splits of the arithmetic task (data.synthetic). datasets:
     fetch real math datasets (train, heldout, benchmarks) through the registry."""
-    registry: str = "config/datasets.yaml"
+    registry: str = str(DEFAULT_REGISTRY)
     """Dataset registry file (name -> dataset spec; rredcot.data.registry lists the spec keys)."""
     root: str = "."
     """Base folder of relative local paths in dataset specs."""
@@ -392,7 +393,7 @@ class Rl:
 
 @dataclass
 class EvalVllm:
-    """Engine settings of the vllm evaluation backend."""
+    """Engine settings of the vllm backend, of evaluation and of the Monte Carlo study's rollouts."""
 
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """Weights dtype in vLLM."""
@@ -445,8 +446,21 @@ class Prm:
     """MC-labelled training traces (kind local)."""
     epochs: int = field(default=4, metadata=at_least(1))
     """Training epochs (kind local)."""
+    batch_size: int = field(default=16, metadata=at_least(1))
+    """Training sequences per optimizer step (kind local)."""
     learning_rate: float = field(default=3e-4, metadata=at_least(0, exclusive=True))
-    """Learning rate (kind local)."""
+    """Peak learning rate, cosine-annealed to 0 over the epochs (kind local)."""
+    weight_decay: float = field(default=0.0, metadata=at_least(0))
+    """AdamW weight decay (kind local)."""
+    val_fraction: float = field(default=0.2, metadata=within(0, 1))
+    """Share of the training problems held out for the validation metrics (kind local; split by
+    problem, so no problem is on both sides)."""
+    label: Literal["soft", "hard"] = "soft"
+    """Step targets (kind local): soft, the MC value m itself (the PRM estimates the probability of
+    success); hard, 1[m >= 0.5]."""
+    answer_hint: Literal["both", "plain"] = "both"
+    """Training copies (kind local): both, every trace as is and with the correct answer in front of
+    the prompt (so the PRM can be asked given the answer, Figures 5 and 6); plain, as is only."""
 
 
 @dataclass
@@ -475,7 +489,8 @@ class Studies:
     bootstrap: int = field(default=1000, metadata=at_least(10))
     """Bootstrap resamples of Figure 7."""
     backend: Literal["hf", "vllm"] = "hf"
-    """Generation backend of traces and rollouts."""
+    """Generation backend of the Monte Carlo rollouts (vllm: with the engine settings of eval.vllm).
+    Traces are always sampled with transformers: the same model in memory then scores them."""
     prm: Prm = field(default_factory=Prm)
     """The process reward model."""
 
@@ -681,31 +696,43 @@ def schema() -> dict[str, Any]:
 # --------------------------------------------------------------------------------- derived views
 def active_arms(cfg: Mapping[str, Any]) -> list[str]:
     """The arms a run trains and reports, in table order: ``run_arms``, else every configured arm."""
-    return list(cfg.get("run_arms") or cfg["arms"])
+    return list(cfg["run_arms"] or cfg["arms"])
 
 
 def arm_label(cfg: Mapping[str, Any], arm: str) -> str:
     """Display name of an arm in tables and figures."""
-    return cfg["arms"][arm].get("label") or arm
+    return cfg["arms"][arm]["label"] or arm
 
 
-def credit_settings(cfg: Mapping[str, Any], arm: str) -> dict[str, Any]:
-    """The settings of the credit section that the arm's method reads
+def credit_settings(cfg: Mapping[str, Any], arm: str, method: str | None = None) -> dict[str, Any]:
+    """The settings of the credit section that the arm's method (or ``method``) reads
     (:meth:`CreditSettings.read_by`), with the arm's ``credit_options`` layered over them. The
     others keep their defaults in the arm's :class:`CreditConfig`; its path never reads them."""
     spec = cfg["arms"][arm]
-    read = CreditSettings.read_by(credit_method(spec["credit"]))
-    return _merge({k: cfg["credit"][k] for k in read}, spec.get("credit_options", {}))
+    read = CreditSettings.read_by(credit_method(method or spec["credit"]))
+    return _merge({k: cfg["credit"][k] for k in read}, spec["credit_options"])
 
 
-def credit_config(cfg: Mapping[str, Any], arm: str) -> CreditConfig:
-    """The arm's :class:`CreditConfig`: its method, its credit settings, and the prompt's exit text."""
+def credit_config(cfg: Mapping[str, Any], arm: str, method: str | None = None) -> CreditConfig:
+    """The arm's :class:`CreditConfig`: its method (or ``method`` with the arm's credit options),
+    its credit settings, and the prompt's exit text."""
     prompt = cfg["prompt"]
-    settings = build(CreditSettings, credit_settings(cfg, arm))
+    method = method or cfg["arms"][arm]["credit"]
+    settings = build(CreditSettings, credit_settings(cfg, arm, method))
     return CreditConfig.from_settings(
         settings,
-        method=cfg["arms"][arm]["credit"],
+        method=method,
         exit_string=prompt["exit_string"],
         answer_prefix=prompt["answer_prefix"],
         answer_suffix=prompt["answer_suffix"],
     )
+
+
+def rredcot_credit(cfg: Mapping[str, Any], arm: str | None = None) -> CreditConfig:
+    """The ``rredcot`` method's :class:`CreditConfig` with an arm's credit options: ``arm``'s, else
+    those of the first arm that trains with RREDCoT itself (else of the first arm). The studies and
+    the tools that compute RREDCoT's σ outside training read it from here."""
+    if arm is None:
+        arm = next((a for a, spec in cfg["arms"].items() if spec["credit"] == "rredcot"), None)
+        arm = arm or next(iter(cfg["arms"]))
+    return credit_config(cfg, arm, "rredcot")

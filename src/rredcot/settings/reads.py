@@ -56,7 +56,15 @@ class StageReads:
 # and not the GRPO baseline.
 CREDIT_OF_ARM = "credit.<what the arm reads>"
 
-_STUDY_SAMPLING = ("studies.seed", "studies.temperature", "studies.top_p", "studies.backend")
+# Traces and Monte Carlo rollouts are sampled alike.
+_STUDY_SAMPLING = ("studies.seed", "studies.temperature", "studies.top_p")
+# The texts around an exit point, which the attribution passes put after a trace's thinking.
+_EXIT_TEXTS = ("prompt.exit_string", "prompt.answer_prefix", "prompt.answer_suffix")
+# How the local PRM is trained (studies.prm, kind local).
+_PRM_TRAINING = tuple(
+    f"studies.prm.{key}"
+    for key in "epochs batch_size learning_rate weight_decay val_fraction label answer_hint".split()
+)
 
 READS: dict[str, StageReads] = {
     "data": StageReads(("data.kind", "data.synthetic"), _LOGGING),
@@ -85,8 +93,9 @@ READS: dict[str, StageReads] = {
         _LOGGING,
     ),
     "claims": StageReads(("arms", "run_arms", "rl.max_steps", "credit.mc.samples"), _LOGGING),
-    # The analyses: traces of held-out problems (analysis) or of the RL split (prm, only to train
-    # the small process reward model).
+    # The analyses, each handed its settings by these lists alone (their rules pass only files):
+    # traces of held-out problems (analysis, localisation) or of the RL split (prm, only to train
+    # the small process reward model); a set's size is its variant's setting.
     "study_traces": StageReads(
         ("arms", "credit", "prompt", "model.dtype", "studies.max_new_tokens", *_STUDY_SAMPLING),
         (*_LOGGING, "threads.eval"),
@@ -98,18 +107,16 @@ READS: dict[str, StageReads] = {
     ),
     "study_mc": StageReads(
         ("prompt.exit_string", "model.dtype", "studies.mc_samples", "studies.mc_max_new_tokens")
-        + _STUDY_SAMPLING,
+        + (*_STUDY_SAMPLING, "studies.backend", "eval.vllm"),
         (*_LOGGING, "threads.eval"),
     ),
     "study_mc_figures": StageReads(("studies.bootstrap", "studies.seed"), _LOGGING),
     "study_attribution": StageReads(
-        ("prompt", "model.dtype", "credit.budget.max_batch_tokens"), (*_LOGGING, "threads.eval")
+        (*_EXIT_TEXTS, "model.dtype", "credit.budget.max_batch_tokens"), (*_LOGGING, "threads.eval")
     ),
-    "study_prm_train": StageReads(
-        ("studies.prm.epochs", "studies.prm.learning_rate", "studies.seed"), (*_LOGGING, "threads.train")
-    ),
+    "study_prm_train": StageReads((*_PRM_TRAINING, "studies.seed"), (*_LOGGING, "threads.train")),
     "study_prm": StageReads(
-        ("prompt", "model.dtype", "studies.prm.kind", "studies.prm.name_or_path"),
+        ("prompt.template", "prompt.style", "model.dtype", "studies.prm.kind", "studies.prm.name_or_path"),
         (*_LOGGING, "threads.eval"),
     ),
     "study_attr_figures": StageReads((), _LOGGING),

@@ -496,9 +496,7 @@ def claims_table(
 
     def label_of(credit: str) -> str | None:
         found = [
-            a
-            for a in arms
-            if cfg["arms"][a]["credit"] == credit and cfg["arms"][a].get("loss_type") == "grpo"
+            a for a in arms if cfg["arms"][a]["credit"] == credit and cfg["arms"][a]["loss_type"] == "grpo"
         ]
         return arm_label(cfg, found[0]) if found else None
 

@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cfg = stage_config(args.config, "evaluate")
     eval_cfg = cfg["eval"]
     set_threads(cfg["threads"]["eval"])
-    rows = load_benchmarks(args.data, eval_cfg.get("max_problems"))
+    rows = load_benchmarks(args.data, eval_cfg["max_problems"])
     with stage_run(
         cfg,
         f"eval-{args.arm}-s{args.seed}",

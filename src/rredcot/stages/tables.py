@@ -58,7 +58,7 @@ def nano_table(
         out = out.join(part, on="benchmark", how="left")
     # Quoted values join on the benchmark name; benchmarks measured here but not in the paper (or the
     # reverse) keep their row with empty cells on the other side.
-    reference = cfg["report"].get("reference", {})
+    reference = cfg["report"]["reference"]
     if reference:
         columns = sorted({c for values in reference.values() for c in values})
         quoted = pl.DataFrame(
@@ -140,7 +140,7 @@ def cost_table(
                 "item": arm_label(cfg, arm),
                 "kind": "train",
                 "credit": cfg["arms"][arm]["credit"],
-                "loss_type": cfg["arms"][arm].get("loss_type", "grpo"),
+                "loss_type": cfg["arms"][arm]["loss_type"],
                 "jobs": len(jobs),
                 "wall_s_per_job": _mean(float(r["s"]) for r in jobs),
                 "cpu_s_per_job": _mean(float(r["cpu_time"]) for r in jobs),
@@ -190,8 +190,8 @@ def arm_of_uniform_grpo(cfg: Mapping[str, Any], arm: str) -> bool:
     spec = cfg["arms"][arm]
     return (
         credit_method(spec["credit"]).uniform
-        and spec.get("loss_type", "grpo") == "grpo"
-        and spec.get("top_entropy_quantile", 1.0) == 1.0
+        and spec["loss_type"] == "grpo"
+        and spec["top_entropy_quantile"] == 1.0
     )
 
 

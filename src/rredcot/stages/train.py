@@ -296,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     arm_cfg = cfg["arms"][args.arm]
     tags = {
         "rredcot.credit_method": arm_cfg["credit"],
-        "rredcot.loss_type": arm_cfg.get("loss_type", "grpo"),
+        "rredcot.loss_type": arm_cfg["loss_type"],
         "rredcot.arm_label": arm_label(cfg, args.arm),
         **start.tags,
     }

@@ -112,7 +112,7 @@ def leave_one_out(
     model: torch.nn.Module,
     items: Sequence[AttrInput],
     strings: ExitStrings,
-    max_batch_tokens: int = 32768,
+    max_batch_tokens: int,
     progress: bool = False,
 ) -> list[tuple[list[float], list[float]]]:
     """Per trace: (loo_k, loo_value_k) for every thinking segment (see the module docstring).
@@ -160,7 +160,7 @@ def gradient_norms(
     model: torch.nn.Module,
     items: Sequence[AttrInput],
     strings: ExitStrings,
-    max_batch_tokens: int = 32768,
+    max_batch_tokens: int,
     progress: bool = False,
     objectives: Sequence[str] = ("answer",),
 ) -> dict[str, list[Norms]]:
@@ -336,7 +336,7 @@ def attribute(
     traces: Sequence[Mapping[str, Any]],
     mc_rows: Iterable[Mapping[str, Any]],
     prompt_cfg: Mapping[str, Any],
-    max_batch_tokens: int = 32768,
+    max_batch_tokens: int,
     progress: bool = True,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Per-segment credit rows of every trace and the seconds each method took."""
@@ -388,17 +388,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     with stage_run(cfg, "study-attribution", rule="study_attribution", params=params) as run:
         t0 = time.time()
         tok = load_tokenizer(args.model)
-        model = load_model(args.model, cfg["model"].get("dtype", "float32")).eval()
+        model = load_model(args.model, cfg["model"]["dtype"]).eval()
         if torch.cuda.is_available():
             model = model.cuda()
-        rows, timing = attribute(
-            model,
-            tok,
-            traces,
-            read_jsonl(args.mc),
-            cfg["prompt"],
-            cfg["credit"]["budget"]["max_batch_tokens"],
-        )
+        budget = cfg["credit"]["budget"]["max_batch_tokens"]
+        rows, timing = attribute(model, tok, traces, read_jsonl(args.mc), cfg["prompt"], budget)
         write_jsonl(args.out, rows)
         run.log_metrics({**timing, "segments": len(rows), "seconds": time.time() - t0})
         run.log_artifact(args.out)

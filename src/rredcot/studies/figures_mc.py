@@ -1,7 +1,7 @@
 """Figures 3 and 7 from the Monte Carlo study: what truncation loses, and how noisy MC values are.
 
     rredcot study-mc-figures --config C --traces traces.jsonl --mc mc.jsonl --out-dir DIR \\
-        [--truncations 20 40 ...] [--bootstrap 1000] [--seed 0] [--label NAME]
+        [--truncations 20 40 ...] [--label NAME]
 
 **Figure 3** (``fig3_truncation.{png,pdf,csv}``): the proportion of MC rollouts *lost* when every
 continuation is cut at T generated tokens (no complete final answer within T tokens, see
@@ -11,7 +11,8 @@ are shown apart from the rest (wrong, or no answer even at B). The dashed line (
 compute of one exit point at that truncation: tokens generated over its M rollouts.
 
 **Figure 7** (``fig7_mc_variance.{png,pdf,csv}``): the standard deviation of MC estimates, by
-bootstrap: m of a point's M rollouts are drawn with replacement, ``--bootstrap`` times. Left: the sd
+bootstrap: m of a point's M rollouts are drawn with replacement, ``studies.bootstrap`` times (seeded
+by ``studies.seed``; rredcot.settings.reads, stage ``study_mc_figures``). Left: the sd
 of the value estimate v̂ at one exit point, averaged over a trace's first k exit points, then over
 the traces with at least k exit points. Right: the sd of the norm of the MC segment-reward vector
 (v̂_{i+1} - v̂_i for i < k-1) over the first k exit points, the quantity a credit method would use.
@@ -290,15 +291,17 @@ def make_figures(
     traces: Sequence[Mapping[str, Any]],
     records: Sequence[Mapping[str, Any]],
     out_dir: str | Path,
-    truncations: Sequence[int] | None = None,
-    n_boot: int = 1000,
-    seed: int = 0,
+    truncations: Sequence[int] | None,
+    n_boot: int,
+    seed: int,
     label: str | None = None,
     stats: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write both figures (PNG, PDF) and their tables (CSV) under ``out_dir``; returns the paths.
 
-    ``stats``: the MC run's compute (``study-mc --stats``), quoted in Figure 3's caption.
+    ``truncations``: the lengths T of Figure 3 (None: evenly spaced up to the budget); ``n_boot``
+    bootstrap resamples seeded by ``seed`` (Figure 7); ``stats``: the MC run's compute
+    (``study-mc --stats``), quoted in Figure 3's caption.
     """
     if not records:
         raise ValueError("no Monte Carlo records")
@@ -343,25 +346,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s): MLflow")
+    ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s): every setting")
     ap.add_argument("--traces", required=True, help="study traces (rredcot study-traces)")
     ap.add_argument("--mc", required=True, help="Monte Carlo records (rredcot study-mc)")
     ap.add_argument("--out-dir", required=True, type=Path)
     ap.add_argument("--truncations", type=int, nargs="+", help="truncation lengths T (default: 24 up to B)")
-    ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (Figure 7)")
-    ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     ap.add_argument("--label", help="model name for the captions (default: the records' model path)")
     ap.add_argument("--mc-stats", help="compute of the MC run (study-mc --stats) for Figure 3's caption")
     args = ap.parse_args(argv)
 
     cfg = stage_config(args.config, "study_mc_figures")
+    n_boot, seed = cfg["studies"]["bootstrap"], cfg["studies"]["seed"]
     traces, records = read_jsonl(args.traces), read_jsonl(args.mc)
-    params = {k: str(v) for k, v in vars(args).items() if k != "config"}
-    with stage_run(cfg, "study-mc-figures", rule="study_mc_figures", seed=args.seed, params=params) as run:
+    params = {k: str(v) for k, v in vars(args).items() if k != "config"} | {"bootstrap": n_boot, "seed": seed}
+    with stage_run(cfg, "study-mc-figures", rule="study_mc_figures", seed=seed, params=params) as run:
         stats = read_json(args.mc_stats) if args.mc_stats else None
-        paths = make_figures(
-            traces, records, args.out_dir, args.truncations, args.bootstrap, args.seed, args.label, stats
-        )
+        paths = make_figures(traces, records, args.out_dir, args.truncations, n_boot, seed, args.label, stats)
         for path in paths.values():
             run.log_artifact(path)
         fig3 = pl.read_csv(paths["fig3_csv"]).filter(pl.col("group") == "all").sort("truncation")

@@ -1,13 +1,14 @@
 """Monte Carlo values at the exit points of study traces: the unbiased baseline RREDCoT approximates.
 
-    rredcot study-mc --config C --model DIR --traces traces.jsonl --out mc.jsonl \\
-        --samples 20 --max-new-tokens 160 --seed 0 [--temperature 1.0 --top-p 1.0 --backend hf]
+    rredcot study-mc --config C --model DIR --traces traces.jsonl --out mc.jsonl [--stats S.json]
 
 For every trace and every exit point ``c`` (its ``cuts``), M continuations of ``prompt ⊕ completion[:c]``
-are sampled with a generous budget B: the model keeps thinking, then answers. Each is graded with
+are sampled with a generous budget B: the model keeps thinking, then answers. Every setting comes
+from the config (``rredcot.settings.reads``, stage ``study_mc``): M = ``studies.mc_samples``, B =
+``studies.mc_max_new_tokens``, the sampling settings and the backend of ``studies``. Each is graded with
 math-verify (the text graded is ``completion[:c]`` plus the continuation, as evaluation grades a
 completion), and the MC value is their mean correctness. Every sample has its own seed, derived from
-``--seed``, the trace id, the exit index and the sample index, so a point's rollouts do not depend on
+``studies.seed``, the trace id, the exit index and the sample index, so a point's rollouts do not depend on
 the rest of the run.
 
 Truncation (Figure 3) is read from the same generations: ``answer_token`` is the number of generated
@@ -57,54 +58,44 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="rredcot study-mc", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s): prompt, MLflow")
+    ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s): every setting")
     ap.add_argument("--model", required=True, help="model directory (the policy that wrote the traces)")
     ap.add_argument("--traces", required=True, help="study traces (rredcot study-traces)")
     ap.add_argument("--out", required=True, help="Monte Carlo records (JSONL)")
-    ap.add_argument("--samples", type=int, required=True, help="M: continuations per exit point")
-    ap.add_argument("--max-new-tokens", type=int, required=True, help="B: token budget of a continuation")
-    ap.add_argument("--seed", type=int, required=True)
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--limit", type=int, help="only the first N traces")
-    ap.add_argument("--backend", choices=("hf", "vllm"), default="hf")
     ap.add_argument("--batch-size", type=int, default=160, help="rows per transformers generate batch")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads")
-    ap.add_argument("--dtype", help="model dtype on a GPU (default: model.dtype, vLLM: auto; CPU: float32)")
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM only")
-    ap.add_argument("--max-model-len", type=int, help="vLLM only: prompt + completion tokens")
     ap.add_argument("--keep-text", action="store_true", help="keep each continuation's text")
     ap.add_argument("--stats", help="also write the compute (rollouts, tokens, seconds, device) as JSON")
     args = ap.parse_args(argv)
 
     cfg = stage_config(args.config, "study_mc")
-    set_threads(args.threads)
+    set_threads(cfg["threads"]["eval"])
+    studies = cfg["studies"]
+    m, budget, seed, backend = (studies[k] for k in ("mc_samples", "mc_max_new_tokens", "seed", "backend"))
+    sampling = {"temperature": studies["temperature"], "top_p": studies["top_p"], "max_new_tokens": budget}
     exit_string = cfg["prompt"]["exit_string"]
     traces = read_jsonl(args.traces)[: args.limit]
     points = exit_points(traces)
-    m = args.samples
-    params = {k: v for k, v in vars(args).items() if k != "config"} | {"points": len(points)}
-    with stage_run(cfg, f"study-mc-s{args.seed}", rule="study_mc", seed=args.seed, params=params) as run:
+    params = {k: v for k, v in vars(args).items() if k != "config"}
+    params |= sampling | {"samples": m, "seed": seed, "backend": backend, "points": len(points)}
+    with stage_run(cfg, f"study-mc-s{seed}", rule="study_mc", seed=seed, params=params) as run:
         t0 = time.time()
         tok = load_tokenizer(args.model)
-        options = VLLMOptions(args.dtype or "auto", args.gpu_memory_utilization, 1, args.max_model_len)
-        dtype = args.dtype or cfg["model"].get("dtype", "float32")
         sampler = make_generator(
-            args.backend, args.model, tok, dtype=dtype, batch_size=args.batch_size, options=options
+            backend,
+            args.model,
+            tok,
+            dtype=cfg["model"]["dtype"],
+            batch_size=args.batch_size,
+            options=VLLMOptions.from_config(cfg["eval"]["vllm"]),
         )
         t_load = time.time() - t0
         prefixes, seeds = [], []
         for t, i, cut in points:
             prefixes += [t["prompt_ids"] + t["completion_ids"][:cut]] * m
-            seeds += [sample_seed(args.seed, t["trace_id"], i, j) for j in range(m)]
+            seeds += [sample_seed(seed, t["trace_id"], i, j) for j in range(m)]
         _log.info(f"{len(traces)} traces, {len(points)} exit points, {len(seeds)} rollouts")
-        rollouts = sampler.sample(
-            prefixes,
-            seeds,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens,
-        )
+        rollouts = sampler.sample(prefixes, seeds, **sampling)
         t_sample = time.time() - t0 - t_load
 
         def decode(ids: list[int]) -> str:
@@ -129,10 +120,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "n_tokens_prefix": len(t["prompt_ids"]) + cut,
                     "model": args.model,
                     "samples": m,
-                    "max_new_tokens": args.max_new_tokens,
-                    "temperature": args.temperature,
-                    "top_p": args.top_p,
-                    "seed": args.seed,
+                    "max_new_tokens": budget,
+                    "temperature": sampling["temperature"],
+                    "top_p": sampling["top_p"],
+                    "seed": seed,
                     "rollouts": rows,
                     "mc_value": sum(r["correct"] for r in rows) / max(m, 1),
                     "n_answered": sum(r["answer_token"] is not None for r in rows),
@@ -158,9 +149,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             "lost_at_budget": sum(m - r["n_answered"] for r in records) / n_rollouts,
         }
         run.log_metrics(stats)
-        run.set_tags({"rredcot.device": device_name(), "rredcot.backend": args.backend})
+        run.set_tags({"rredcot.device": device_name(), "rredcot.backend": backend})
         if args.stats:
-            write_json(args.stats, stats | {"device": device_name(), "backend": args.backend})
+            write_json(args.stats, stats | {"device": device_name(), "backend": backend})
             run.log_artifact(args.stats)
         run.log_artifact(args.out)
         t_grade = wall - t_load - t_sample

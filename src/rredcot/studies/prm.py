@@ -25,8 +25,9 @@ Each output line is one (trace, thinking segment): ``prm_score`` p_k, ``prm_delt
 (p_{−1} is the prefix score; None for k = 0 when there is none), the same two ``…_given_answer``, and
 from the traces file RREDCoT's r̂_k and the changes of the thought and answer NLLs across the segment.
 
-CLI: ``rredcot study-prm --config C --prm PRM_DIR|hub-id --kind local|qwen-prm --traces traces.jsonl
---out prm.jsonl [--figures DIR] [--limit N]``.
+CLI: ``rredcot study-prm --config C [--prm PRM_DIR] --traces traces.jsonl --out prm.jsonl
+[--figures DIR] [--limit N]``. The config says which PRM (``studies.prm.kind``): ``local`` reads the
+directory ``--prm`` (``rredcot study-prm-train``), ``qwen-prm`` loads ``studies.prm.name_or_path``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ QWEN_SEPARATOR = "<extra_0>"
 QWEN_ANSWER_HINT = "\n\nThe correct final answer is \\boxed{{{answer}}}."
 LOCAL_ANSWER_HINT = "Answer: {answer}\n"
 KINDS = ("local", "qwen-prm")
+# Tokens of one PRM forward pass (rows x longest row): room for a 7B PRM's activations on one GPU.
+MAX_BATCH_TOKENS = 16384
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ def positive_probabilities(
     sequences: Sequence[Sequence[int]],
     positions: Sequence[Sequence[int]],
     pad_id: int,
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int,
     progress: bool = False,
 ) -> list[list[float]]:
     """softmax(logits)[1] at the given positions of each sequence (right-padded batches, no gradients)."""
@@ -145,7 +148,7 @@ def qwen_prm_text(
 class QwenPRMScorer:
     """Step scores of a PRM in Qwen2.5-Math-PRM's format (any model returning [B, T, 2] logits)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_tokens: int = 16384) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_batch_tokens: int) -> None:
         self.model, self.tok, self.max_batch_tokens = model, tokenizer, max_batch_tokens
         self.sep_id = tokenizer.convert_tokens_to_ids(QWEN_SEPARATOR)
         if self.sep_id is None or self.sep_id == tokenizer.unk_token_id:
@@ -190,8 +193,8 @@ class LocalPRMScorer:
         self,
         model: torch.nn.Module,
         tokenizer: Any,
-        hint: str = LOCAL_ANSWER_HINT,
-        max_batch_tokens: int = 16384,
+        hint: str,
+        max_batch_tokens: int,
     ) -> None:
         self.model, self.tok, self.hint, self.max_batch_tokens = model, tokenizer, hint, max_batch_tokens
 
@@ -212,7 +215,7 @@ class LocalPRMScorer:
         return [StepScores(p[1:], p[0]) for p in probs]
 
 
-def load_scorer(kind: str, path: str, dtype: str = "float32", max_batch_tokens: int = 16384) -> StepScorer:
+def load_scorer(kind: str, path: str, dtype: str, max_batch_tokens: int) -> StepScorer:
     """A scorer for a local PRM directory or a hub PRM in Qwen2.5-Math-PRM's format."""
     from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification, AutoTokenizer
 
@@ -245,8 +248,8 @@ def problem_text(row: Mapping[str, Any], prompt_cfg: Mapping[str, Any]) -> str:
     if row.get("problem"):
         return str(row["problem"])
     prompt = str(row["prompt"])
-    template = str(prompt_cfg.get("template", ""))
-    if prompt_cfg.get("style", "template") == "template" and "{problem}" in template:
+    template = str(prompt_cfg["template"])
+    if prompt_cfg["style"] == "template" and "{problem}" in template:
         head, tail = template.split("{problem}", 1)
         if prompt.startswith(head) and prompt.endswith(tail):
             return prompt[len(head) : len(prompt) - len(tail)]
@@ -316,27 +319,26 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
-    ap.add_argument(
-        "--prm", required=True, help="local PRM directory or hub id / directory of a Qwen-style PRM"
-    )
-    ap.add_argument(
-        "--kind", choices=KINDS, required=True, help="local: study-prm-train; qwen-prm: hub format"
-    )
+    ap.add_argument("--prm", help="the trained PRM directory (studies.prm.kind local)")
     ap.add_argument("--traces", required=True, help="traces with exit points and segment rewards (JSONL)")
     ap.add_argument("--out", required=True, help="per-segment PRM scores (JSONL)")
     ap.add_argument("--figures", help="also draw Figures 5 and 6 into this directory")
-    ap.add_argument("--prm-name", help="name of the PRM in the figure titles (default: from --kind)")
+    ap.add_argument("--prm-name", help="name of the PRM in the figure titles (default: from its kind)")
     ap.add_argument("--limit", type=int, help="only the first N traces")
     args = ap.parse_args(argv)
 
     cfg = stage_config(args.config, "study_prm")
     set_threads(cfg["threads"]["eval"])
+    kind = cfg["studies"]["prm"]["kind"]
+    if kind == "local" and not args.prm:
+        ap.error("studies.prm.kind local scores with a trained PRM: name its directory with --prm")
+    path = args.prm if kind == "local" else cfg["studies"]["prm"]["name_or_path"]
     rows = read_jsonl(args.traces)[: args.limit]
-    params = {"prm": args.prm, "kind": args.kind, "traces": args.traces, "n_traces": len(rows)}
-    with stage_run(cfg, f"study-prm-{args.kind}", rule="study_prm", params=params) as run:
+    params = {"prm": path, "kind": kind, "traces": args.traces, "n_traces": len(rows)}
+    with stage_run(cfg, f"study-prm-{kind}", rule="study_prm", params=params) as run:
         t0 = time.time()
-        scorer = load_scorer(args.kind, args.prm, cfg["model"].get("dtype", "float32"))
-        lines = score_traces(scorer, rows, cfg["prompt"], args.kind)
+        scorer = load_scorer(kind, path, cfg["model"]["dtype"], MAX_BATCH_TOKENS)
+        lines = score_traces(scorer, rows, cfg["prompt"], kind)
         write_jsonl(args.out, lines)
         seconds = time.time() - t0
         run.log_metrics({"segments": len(lines), "seconds": seconds})
@@ -345,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.figures:
             from rredcot.studies.figures_attr import prm_nll_figure, prm_rredcot_figure
 
-            name = args.prm_name or ("Qwen2.5-Math-PRM" if args.kind == "qwen-prm" else "MC-trained PRM")
+            name = args.prm_name or ("Qwen2.5-Math-PRM" if kind == "qwen-prm" else "MC-trained PRM")
             paths = prm_nll_figure(lines, Path(args.figures), name)
             paths += prm_rredcot_figure(lines, Path(args.figures), name)
             for path in paths:

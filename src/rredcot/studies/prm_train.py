@@ -8,11 +8,12 @@ last token of every thinking segment (exit point k+1), as ``rredcot.studies.prm.
 
 - **Labels [our choice]: soft.** The target at exit point j is the MC value m_j (mean correctness of M
   rollouts from there): the loss is the cross-entropy −[m_j log p + (1 − m_j) log(1 − p)], so p
-  estimates the probability of success and no information is thrown away. ``--label hard`` uses
-  1[m_j ≥ 0.5] instead.
-- **Given the answer.** With ``--answer-hint both`` (default) every training trace appears twice, as
-  is and with ``"Answer: y\\n"`` in front of the prompt, so that the PRM can also be asked given the
-  correct answer (see ``rredcot.studies.prm``). The labels are the same MC values in both copies.
+  estimates the probability of success and no information is thrown away. ``studies.prm.label:
+  hard`` uses 1[m_j ≥ 0.5] instead.
+- **Given the answer.** With ``studies.prm.answer_hint: both`` (default) every training trace appears
+  twice, as is and with ``"Answer: y\\n"`` in front of the prompt, so that the PRM can also be asked
+  given the correct answer (see ``rredcot.studies.prm``). The labels are the same MC values in both
+  copies.
 - **Validation.** Traces are split by problem (no problem in both parts; seeded). Reported per copy:
   accuracy of 1[p ≥ 0.5] against 1[m ≥ 0.5], ROC AUC of p against 1[m ≥ 0.5], Brier score of p
   against m and the Brier score of the constant training mean (what a PRM must beat).
@@ -21,6 +22,8 @@ last token of every thinking segment (exit point k+1), as ``rredcot.studies.prm.
 
 CLI: ``rredcot study-prm-train --config C --model SFT_DIR --traces traces.jsonl --mc mc.jsonl
 --out PRM_DIR``; the directory holds the model, the tokenizer and ``prm.json`` (settings, metrics).
+Every setting comes from the config (``studies.prm`` and ``studies.seed``; rredcot.settings.reads,
+stage ``study_prm_train``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import math
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,28 +44,38 @@ from tqdm import tqdm
 
 from rredcot.infra.logs import setup_logging
 from rredcot.studies.attribution import mc_values
-from rredcot.studies.prm import LOCAL_ANSWER_HINT, local_positions, positive_probabilities
+from rredcot.studies.prm import LOCAL_ANSWER_HINT, MAX_BATCH_TOKENS, local_positions, positive_probabilities
 
 _log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class PRMTrainConfig:
-    epochs: int = 4
-    batch_size: int = 16
-    learning_rate: float = 3e-4
-    weight_decay: float = 0.0
-    val_fraction: float = 0.2
-    seed: int = 0
-    label: str = "soft"  # soft: target m; hard: 1[m >= 0.5]
-    answer_hint: str = "both"  # both: also train on copies with the answer in front; plain: only as is
-    hint: str = LOCAL_ANSWER_HINT
+    """How the local PRM is trained: the config's ``studies.prm`` training settings (their one home,
+    with their docs, is ``rredcot.settings.config.Prm``) and ``studies.seed``."""
+
+    epochs: int
+    batch_size: int
+    learning_rate: float
+    weight_decay: float
+    val_fraction: float
+    seed: int
+    label: str  # soft: target m; hard: 1[m >= 0.5]
+    answer_hint: str  # both: also train on copies with the answer in front; plain: only as is
+    hint: str = LOCAL_ANSWER_HINT  # the text of the answer in front: the format, not a setting
 
     def __post_init__(self) -> None:
         if self.label not in ("soft", "hard"):
             raise ValueError(f"label must be soft or hard, got {self.label!r}")
         if self.answer_hint not in ("both", "plain"):
             raise ValueError(f"answer_hint must be both or plain, got {self.answer_hint!r}")
+
+    @classmethod
+    def from_config(cls, studies: Mapping[str, Any]) -> PRMTrainConfig:
+        """From the config's ``studies`` section."""
+        prm = studies["prm"]
+        names = [f.name for f in fields(cls) if f.name not in ("seed", "hint")]
+        return cls(**{name: prm[name] for name in names}, seed=studies["seed"])
 
 
 @dataclass(frozen=True)
@@ -196,7 +209,8 @@ def validation_metrics(
         part = [e for e in examples if e.given_answer is given]
         if not part:
             continue
-        probs = positive_probabilities(model, [e.ids for e in part], [e.positions for e in part], pad_id)
+        ids, positions = [e.ids for e in part], [e.positions for e in part]
+        probs = positive_probabilities(model, ids, positions, pad_id, MAX_BATCH_TOKENS)
         p = [x for ps in probs for x in ps]
         m = [x for e in part for x in e.targets]
         hard = [x >= 0.5 for x in m]
@@ -259,35 +273,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     from rredcot.lm.modeling import set_threads
     from rredcot.settings.reads import stage_config
 
-    d = PRMTrainConfig()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
     ap.add_argument("--model", required=True, help="SFT model directory (the backbone's starting weights)")
     ap.add_argument("--traces", required=True, help="traces with exit points (JSONL)")
     ap.add_argument("--mc", required=True, help="Monte Carlo values per (trace, exit point) (JSONL)")
     ap.add_argument("--out", required=True, help="output PRM directory")
-    ap.add_argument("--epochs", type=int, default=d.epochs)
-    ap.add_argument("--batch-size", type=int, default=d.batch_size)
-    ap.add_argument("--learning-rate", type=float, default=d.learning_rate)
-    ap.add_argument("--val-fraction", type=float, default=d.val_fraction)
-    ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--label", choices=("soft", "hard"), default=d.label)
-    ap.add_argument("--answer-hint", choices=("both", "plain"), default=d.answer_hint)
     args = ap.parse_args(argv)
 
     cfg = stage_config(args.config, "study_prm_train")
     set_threads(cfg["threads"]["train"])
-    train_cfg = PRMTrainConfig(
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        val_fraction=args.val_fraction,
-        seed=args.seed,
-        label=args.label,
-        answer_hint=args.answer_hint,
-    )
+    train_cfg = PRMTrainConfig.from_config(cfg["studies"])
     params = {"prm": asdict(train_cfg), "model": args.model, "traces": args.traces, "mc": args.mc}
-    with stage_run(cfg, "study-prm-train", rule="study_prm_train", params=params, seed=args.seed) as run:
+    with stage_run(cfg, "study-prm-train", rule="study_prm_train", params=params, seed=train_cfg.seed) as run:
         model, tok, summary = fit(args.model, read_jsonl(args.traces), read_jsonl(args.mc), train_cfg)
         with atomic_dir(args.out) as tmp:
             model.save_pretrained(tmp)

@@ -1,14 +1,17 @@
 """Study traces: one sampled completion per problem, graded, with its RREDCoT credit.
 
-    rredcot study-traces --config C --model DIR --data test.jsonl [more.jsonl ...] --out traces.jsonl \\
-        --n-traces 48 --seed 0 [--temperature 1.0 --top-p 1.0 --max-new-tokens 192]
+    rredcot study-traces --config C --set analysis|prm|localisation --model DIR \\
+        --data test.jsonl [more.jsonl ...] --out traces.jsonl
 
-Problems are drawn deterministically from ``--seed``, in turn from every (benchmark, level) stratum so
-that easy and hard problems are both represented. Each completion is sampled with the config's
-``prompt`` section (its own seed is derived from ``--seed`` and the problem id) and graded with
-math-verify. Its credit is computed by :class:`rredcot.method.assign.CreditAssigner` with the ``rredcot``
-method, the config's ``credit`` settings and the model itself as value model; the advantage is +1 for
-a correct completion and -1 for a wrong one, so σ says where the credit or the blame goes.
+Every setting comes from the config (``rredcot.settings.reads``, stage ``study_traces``): the set
+names which one of the config's trace sets this is (:data:`TRACE_SETS`): its size, and its seed,
+``studies.seed`` plus the set's place there. Problems are drawn deterministically from that seed,
+in turn from every (benchmark, level) stratum so that easy and hard problems are both represented.
+Each completion is sampled with the config's ``prompt`` section and ``studies`` sampling settings
+(its own seed is derived from the set's seed and the problem id) and graded with math-verify. Its
+credit is computed by :class:`rredcot.method.assign.CreditAssigner` with the ``rredcot`` method, the
+config's ``credit`` settings and the model itself as value model; the advantage is +1 for a correct
+completion and -1 for a wrong one, so σ says where the credit or the blame goes.
 
 One JSON line per trace (the shared input of every study; all token indices are into the completion):
 
@@ -50,7 +53,7 @@ from rredcot.lm.modeling import load_model, load_tokenizer, set_threads
 from rredcot.method.assign import CreditAssigner, TraceCredit, credit_record
 from rredcot.method.registry import TraceInput
 from rredcot.method.segmentation import thinking_end
-from rredcot.method.settings import CreditConfig
+from rredcot.settings.config import rredcot_credit
 from rredcot.settings.reads import stage_config
 
 _log = logging.getLogger(__name__)
@@ -78,15 +81,22 @@ def sample_problems(rows: Sequence[Mapping[str, Any]], n: int, seed: int) -> lis
     return picked
 
 
-def rredcot_credit(cfg: Mapping[str, Any], arm: str | None = None) -> CreditConfig:
-    """The config's credit settings with the ``rredcot`` method (an arm's options when one is named)."""
-    from rredcot.settings.config import credit_config
+# The trace sets, in the order that gives each its seed (studies.seed plus its place here), and the
+# setting that sizes each: held-out problems for the analyses and the localisation study, the RL
+# split for training the local PRM.
+TRACE_SETS: dict[str, tuple[str, ...]] = {
+    "analysis": ("studies", "n_traces"),
+    "prm": ("studies", "prm", "n_traces"),
+    "localisation": ("studies", "localisation_traces"),
+}
 
-    if arm is None:
-        # The first arm that trains with RREDCoT itself lends its credit options.
-        arm = next((a for a, spec in cfg["arms"].items() if spec["credit"] == "rredcot"), None)
-        arm = arm or next(iter(cfg["arms"]))
-    return dataclasses.replace(credit_config(cfg, arm), method="rredcot")
+
+def trace_set(cfg: Mapping[str, Any], name: str) -> tuple[int, int]:
+    """(number of traces, seed) of the trace set ``name``."""
+    node: Any = cfg
+    for key in TRACE_SETS[name]:
+        node = node[key]
+    return int(node), int(cfg["studies"]["seed"]) + list(TRACE_SETS).index(name)
 
 
 def trace_record(
@@ -154,48 +164,36 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="rredcot study-traces", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s): prompt, credit, MLflow")
+    ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s): every setting")
+    ap.add_argument("--set", required=True, choices=tuple(TRACE_SETS), help="which set of traces")
     ap.add_argument("--model", required=True, help="model directory (policy and value model)")
     ap.add_argument("--data", nargs="+", required=True, help="problem JSONL file(s), one benchmark each")
     ap.add_argument("--out", required=True, help="trace file (JSONL)")
-    ap.add_argument("--n-traces", type=int, required=True, help="number of problems (one trace each)")
-    ap.add_argument("--seed", type=int, required=True, help="problem choice and sampling seed")
-    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--max-new-tokens", type=int, default=192, help="length limit of a trace")
     ap.add_argument("--arm", help="arm whose credit options to use (method is always rredcot)")
     ap.add_argument("--batch-size", type=int, default=64, help="sequences per generation batch")
     ap.add_argument("--credit-batch", type=int, default=16, help="traces per credit-assignment call")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads")
-    ap.add_argument("--dtype", help="model dtype on a GPU (default: model.dtype; always float32 on a CPU)")
     args = ap.parse_args(argv)
 
     cfg = stage_config(args.config, "study_traces")
-    set_threads(args.threads)
+    set_threads(cfg["threads"]["eval"])
+    studies = cfg["studies"]
+    n_traces, seed = trace_set(cfg, args.set)
+    sampling = {k: studies[k] for k in ("temperature", "top_p", "max_new_tokens")}
     credit_cfg = rredcot_credit(cfg, args.arm)
-    rows = sample_problems(load_benchmarks(args.data, None), args.n_traces, args.seed)
-    params = {k: v for k, v in vars(args).items() if k != "config"} | {
-        "credit": dataclasses.asdict(credit_cfg)
-    }
-    with stage_run(
-        cfg, f"study-traces-s{args.seed}", rule="study_traces", seed=args.seed, params=params
-    ) as run:
+    rows = sample_problems(load_benchmarks(args.data, None), n_traces, seed)
+    params = {k: v for k, v in vars(args).items() if k != "config"} | sampling
+    params |= {"n_traces": n_traces, "seed": seed, "credit": dataclasses.asdict(credit_cfg)}
+    with stage_run(cfg, f"study-traces-s{seed}", rule="study_traces", seed=seed, params=params) as run:
         t0 = time.time()
         tok = load_tokenizer(args.model)
-        model = load_model(args.model, args.dtype or cfg["model"].get("dtype", "float32")).eval()
+        model = load_model(args.model, cfg["model"]["dtype"]).eval()
         if torch.cuda.is_available():
             model = model.to("cuda")
         assigner = CreditAssigner(tok, credit_cfg)
         prompts = [build_prompt(cfg["prompt"], r["problem"], tok) for r in rows]
         prompt_ids = [assigner.encode(p) for p in prompts]
         sampler = HFGenerator(model, tok, batch_size=args.batch_size, progress=True)
-        rollouts = sampler.sample(
-            prompt_ids,
-            [sample_seed(args.seed, "trace", r["id"]) for r in rows],
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens,
-        )
+        rollouts = sampler.sample(prompt_ids, [sample_seed(seed, "trace", r["id"]) for r in rows], **sampling)
         t_gen = time.time() - t0
         exit_string = cfg["prompt"]["exit_string"]
         records = []
@@ -214,9 +212,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 for i, pred, tc in zip(part, preds, credits, strict=True):
                     extra = {
                         "model": args.model,
-                        "seed": args.seed,
-                        "temperature": args.temperature,
-                        "top_p": args.top_p,
+                        "seed": seed,
+                        "temperature": sampling["temperature"],
+                        "top_p": sampling["top_p"],
                     }
                     records.append(
                         trace_record(rows[i], i, prompts[i], prompt_ids[i], rollouts[i], pred, assigner, tc)

@@ -3,15 +3,24 @@
 On one batch of traces it times
 
 - ``forward``: one plain forward pass over ``prompt ⊕ completion`` (the unit of cost);
-- ``sigma_single_pass``: σ with single-pass scoring (trace pass with entropies, segmentation, suffix pass,
-  values, σ);
-- ``sigma_naive``: σ with one sequence per exit point (entropy pass, segmentation, naive scoring, σ);
-- ``mc_values``: Monte Carlo values at the same exit points, M sampled rollouts per exit point, each
-  continuing for the rest of the trace plus the answer (measured on a subset of traces, per trace);
+- ``sigma_single_pass``: σ as training computes it, by :class:`rredcot.method.assign.CreditAssigner`
+  with the RREDCoT credit settings of ``--config`` and single-pass scoring (trace pass with entropies,
+  segmentation, suffix pass, values, the answer baseline, σ); each pass is also timed on its own;
+- ``sigma_naive``: the same σ with one sequence per exit point (``credit.scorer: naive``);
+- ``mc_values``: Monte Carlo values at the same exit points, M sampled rollouts per exit point
+  (``credit.mc.samples`` of the Monte Carlo arm), each continuing for the rest of the trace plus the
+  answer (measured on a subset of traces, per trace);
 
 and reports each as a ratio to ``forward`` next to the token-count bound ``(L + K·A)/L`` (L tokens per
 trace, K exit points, A tokens per exit suffix). With ``--train-metrics`` it also summarises the
 training-step time per arm from a workflow run (TRL's ``step_time`` in each ``metrics.jsonl``).
+
+Every credit setting is the config's, so the σ timed is the σ training computes on these traces; only
+the number of exit points is the batch's: ``--exits`` sets the segmentation's target (``n_segments``
+= exits - 1, per trace, in place of ``tokens_per_segment``). The traces are word-level texts of a
+tokenizer of the model's vocabulary (:func:`rredcot.tools.gpu_check.word_tokenizer`): a prompt,
+thinking lines with a newline about every quarter of a segment, the exit string, a final solution
+and its boxed answer, half of them with a positive advantage and half with a negative one.
 
 CLI: ``rredcot bench --out results/bench/credit.json`` (see ``--help``). The model is randomly
 initialised unless ``--model`` names a checkpoint: timing does not depend on the weights, and MC
@@ -24,10 +33,10 @@ import argparse
 import json
 import logging
 import platform
-import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +45,13 @@ import torch
 from rredcot.infra.io import write_json
 from rredcot.infra.logs import setup_logging
 from rredcot.lm.modeling import load_model, random_qwen2, set_threads
-from rredcot.method import credit as C
-from rredcot.method import segmentation as S
-from rredcot.method.registry import credit_multiplier
-from rredcot.method.scoring.naive import score_traces_naive
-from rredcot.method.scoring.single_pass import score_traces_single_pass
-from rredcot.method.scoring.types import ExitStrings, ScoringBudget, TraceExits
+from rredcot.method.assign import CreditAssigner, TraceCredit
+from rredcot.method.registry import TraceInput
+from rredcot.method.settings import CreditConfig
+from rredcot.settings.config import credit_config, load_config
+from rredcot.tools.gpu_check import batch_credit, suffix_tokens, synthetic_traces, word_tokenizer
 
 _log = logging.getLogger(__name__)
-
-NEWLINE = "\n"
 
 
 def _timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -61,62 +67,63 @@ def _timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 
 def make_model(args: argparse.Namespace) -> torch.nn.Module:
     if args.model:
-        return load_model(args.model).eval()
+        return load_model(args.model, "float32").eval()  # float32, as the random model
     max_positions = 4 * (args.prompt + args.length + args.suffix)
     return random_qwen2(args.vocab, args.hidden, args.layers, args.heads, max_positions)
 
 
-def make_batch(args: argparse.Namespace, vocab: int) -> tuple[list[TraceExits], list[list[str]], ExitStrings]:
-    """Random traces with newline tokens sprinkled in (so segmentation has pieces to merge)."""
-    rng = random.Random(args.seed)
-    traces, texts = [], []
-    solution_len = max(1, args.suffix - 8)
-    for _ in range(args.traces):
-        completion = [rng.randrange(2, vocab) for _ in range(args.length)]
-        # About four pieces per segment: a newline token every ~L/(4K) tokens.
-        tokens = [NEWLINE if rng.random() < 4 * args.exits / args.length else f" t{t}" for t in completion]
-        pairs = [([rng.randrange(2, vocab) for _ in range(solution_len)], [rng.randrange(2, vocab)])]
-        traces.append(
-            TraceExits([rng.randrange(2, vocab) for _ in range(args.prompt)], completion, None, pairs)
-        )
-        texts.append(tokens)
-    strings = ExitStrings(
-        [rng.randrange(2, vocab) for _ in range(3)], [rng.randrange(2, vocab) for _ in range(4)], [1]
+@dataclass
+class Batch:
+    """The benchmark's batch: a model, a tokenizer of its vocabulary, traces, and the credit settings
+    σ is computed with."""
+
+    model: torch.nn.Module
+    tok: Any
+    items: list[TraceInput]
+    credit: CreditConfig
+
+
+def make_batch(args: argparse.Namespace, cfg: Mapping[str, Any]) -> Batch:
+    """The model and ``args.traces`` random traces of ``args.prompt`` + ``args.length`` tokens (see the
+    module docstring), with the config's RREDCoT credit at ``args.exits`` exit points per trace."""
+    model = make_model(args)
+    tok = word_tokenizer(model.get_output_embeddings().weight.shape[0])
+    # The reference solution and the trace's own final solution: the suffix less the texts around them.
+    solution = max(1, args.suffix - 8)
+    items = synthetic_traces(
+        tok, args.traces, (args.length, args.length), args.exits, solution, solution, args.prompt, args.seed
     )
-    return traces, texts, strings
+    return Batch(model, tok, items, batch_credit(cfg, args.exits))
 
 
-def _cuts_for(texts: list[list[str]], n_segments: int, chosen: dict[int, list[int]]) -> Callable:
-    seg = S.SegmentationConfig(n_segments=n_segments, min_segment_tokens=4)
-
-    def cuts_for(i: int, entropies: torch.Tensor) -> list[int]:
-        starts = S.segment_trace(texts[i], entropies.tolist(), seg)
-        chosen[i] = starts
-        return S.exit_cuts(starts, len(texts[i]))
-
-    return cuts_for
-
-
-def _sigma(traces: Sequence[TraceExits], scores: list, chosen: dict[int, list[int]]) -> list[torch.Tensor]:
-    out = []
-    for i, (t, sc) in enumerate(zip(traces, scores, strict=True)):
-        log_v = C.exit_log_values(sc.log_p_solution, sc.log_p_answer)
-        ids = S.segment_ids_from_starts(chosen[i], len(t.completion_ids))
-        out.append(
-            credit_multiplier("rredcot", len(t.completion_ids), -1.0, 0.5, ids, C.segment_rewards(log_v))
-        )
-    return out
-
-
-def forward_pass(model: torch.nn.Module, traces: Sequence[TraceExits]) -> torch.Tensor:
-    """One plain batched forward over prompt ⊕ completion, logits included (the unit of cost)."""
-    ids = torch.tensor([[*t.prompt_ids, *t.completion_ids] for t in traces])
+def sigma(batch: Batch, scorer: str) -> tuple[list[TraceCredit], dict[str, float]]:
+    """σ of every trace of the batch as training computes it, its exit points scored by ``scorer``
+    (single_pass or naive), and the seconds of each pass."""
+    assigner = CreditAssigner(batch.tok, replace(batch.credit, scorer=scorer))
     with torch.inference_mode():
-        return model(input_ids=ids, use_cache=False).logits
+        credits = assigner.assign(batch.model, batch.items)
+    return credits, dict(assigner.seconds)
+
+
+def mc_samples(cfg: Mapping[str, Any]) -> int:
+    """M of the Monte Carlo arm (the first arm with credit mc, else the credit section's)."""
+    arm = next((a for a, spec in cfg["arms"].items() if spec["credit"] == "mc"), next(iter(cfg["arms"])))
+    return credit_config(cfg, arm, "mc").mc.samples
+
+
+def forward_pass(model: torch.nn.Module, traces: Sequence[TraceInput]) -> torch.Tensor:
+    """One plain batched forward over prompt ⊕ completion, logits included (the unit of cost)."""
+    seqs = [[*t.prompt_ids, *t.completion_ids] for t in traces]
+    ids = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, seq in enumerate(seqs):
+        ids[b, : len(seq)], mask[b, : len(seq)] = torch.tensor(seq), 1
+    with torch.inference_mode():
+        return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
 
 
 def mc_values(
-    model: torch.nn.Module, trace: TraceExits, cuts: list[int], samples: int, answer_tokens: int
+    model: torch.nn.Module, trace: TraceInput, cuts: list[int], samples: int, answer_tokens: int
 ) -> list[float]:
     """Generation cost of MC values: ``samples`` rollouts per cut, to the trace's end plus an answer."""
     out = []
@@ -173,16 +180,16 @@ def train_step_ab(config: list[str], sft: str, data: str, arms: list[str], steps
     from rredcot.data.records import correctness_reward, rl_records
     from rredcot.infra.io import read_jsonl
     from rredcot.lm.modeling import load_tokenizer
-    from rredcot.settings.config import credit_config, load_config
 
     cfg = load_config(config, {"rl": {"max_steps": steps, "save_every": 0}, "credit": {"view_every": 0}})
+    set_threads(cfg["threads"]["train"])  # as in the workflow
     tok = load_tokenizer(sft)
     dataset = Dataset.from_list(rl_records(read_jsonl(data), cfg["prompt"]["template"]))
     out: dict[str, Any] = {}
     for arm in arms:
         torch.manual_seed(0)
         trainer = RREDCoTTrainer(
-            model=load_model(sft),
+            model=load_model(sft, "float32"),  # float32 master weights, as the train stage
             reward_funcs=[correctness_reward],
             args=grpo_args(cfg, arm, 0, f"/tmp/rredcot-bench-{arm}"),
             train_dataset=dataset,
@@ -220,8 +227,9 @@ def most_credited(credit: Any) -> tuple[int, int]:
 def precision(config: list[str], model_dir: str, data: str, n_traces: int, seed: int) -> dict[str, Any]:
     """σ of the same traces under bf16 autocast against float32, on a trained model.
 
-    Traces are sampled from the model on the first ``n_traces`` problems of ``data`` (advantage +1
-    when correct, -1 when wrong); σ comes from ``CreditAssigner`` with the config's RREDCoT settings,
+    Traces are sampled from the model (``rl.temperature``, ``rl.max_completion_length``) on the first
+    ``n_traces`` problems of ``data`` (advantage +1 when correct, -1 when wrong); σ comes from
+    ``CreditAssigner`` with the config's RREDCoT settings,
     once in float32 and once under bf16 autocast (decoder in bf16; the LM head's product from bf16
     operands with a float32 result, as on a GPU). Reported: max |Δ σ·|o||, and the share of traces
     whose most-credited segment (most-blamed for a wrong trace) is the same token span."""
@@ -230,20 +238,22 @@ def precision(config: list[str], model_dir: str, data: str, n_traces: int, seed:
     from rredcot.infra.io import read_jsonl
     from rredcot.lm.generation import HFGenerator
     from rredcot.lm.modeling import load_tokenizer
-    from rredcot.method.assign import CreditAssigner
-    from rredcot.method.registry import TraceInput
-    from rredcot.settings.config import credit_config, load_config
+    from rredcot.settings.config import rredcot_credit
 
     cfg = load_config(config)
-    arm = next(a for a in cfg["arms"] if cfg["arms"][a]["credit"] == "rredcot")
     tok = load_tokenizer(model_dir)
-    model = load_model(model_dir).eval()
+    model = load_model(model_dir, "float32").eval()  # the master weights; bf16 comes from autocast
     rows = read_jsonl(data)[:n_traces]
     prompts = [format_prompt(cfg["prompt"]["template"], r["problem"]) for r in rows]
-    sampled = HFGenerator(model, tok).generate(
-        prompts, temperature=1.0, max_new_tokens=cfg["rl"]["max_completion_length"], seed=seed
+    sampler = HFGenerator(model, tok, batch_size=cfg["eval"]["batch_size"])
+    sampled = sampler.generate(
+        prompts,
+        temperature=cfg["rl"]["temperature"],
+        top_p=1.0,  # training samples from the whole distribution (TRL's top_k=0, no nucleus)
+        max_new_tokens=cfg["rl"]["max_completion_length"],
+        seed=seed,
     )
-    assigner = CreditAssigner(tok, credit_config(cfg, arm))
+    assigner = CreditAssigner(tok, rredcot_credit(cfg))
     items = [
         TraceInput(
             assigner.encode(p),
@@ -277,71 +287,60 @@ def precision(config: list[str], model_dir: str, data: str, n_traces: int, seed:
 def scoring_report(args: argparse.Namespace) -> dict[str, Any]:
     """Forward, single-pass σ, naive σ and Monte Carlo values on one batch of random traces."""
     set_threads(args.threads)
-    model = make_model(args)
+    cfg = load_config(args.config)
+    batch = make_batch(args, cfg)
+    model, traces = batch.model, batch.items
     vocab = model.get_output_embeddings().weight.shape[0]
-    traces, texts, strings = make_batch(args, vocab)
-    n_segments = args.exits - 1
-    budget = ScoringBudget(max_batch_tokens=args.max_batch_tokens)
     _log.info(
-        f"{len(traces)} traces x {args.prompt}+{args.length} tokens, {args.exits} exit points",
+        f"{len(traces)} traces x {args.prompt}+{args.length} tokens, {args.exits} exit points, "
+        f"credit of {', '.join(args.config)}"
     )
 
     t_forward, _ = _timed(lambda: forward_pass(model, traces), args.repeats)
     _log.info(f"forward {t_forward:.3f} s")
-
-    chosen_single: dict[int, list[int]] = {}
-
-    def single() -> tuple[list, list]:
-        scores = score_traces_single_pass(
-            model, traces, strings, budget, _cuts_for(texts, n_segments, chosen_single)
-        )
-        return scores, _sigma(traces, scores, chosen_single)
-
-    t_single, (scores_single, _) = _timed(single, args.repeats)
-    _log.info(f"sigma single-pass {t_single:.3f} s")
-
-    chosen_naive: dict[int, list[int]] = {}
-
-    def naive() -> tuple[list, list]:
-        scores = score_traces_naive(
-            model, traces, strings, budget, _cuts_for(texts, n_segments, chosen_naive)
-        )
-        return scores, _sigma(traces, scores, chosen_naive)
-
-    t_naive, (scores_naive, _) = _timed(naive, max(1, args.repeats // 2))
+    t_single, (single, passes_single) = _timed(lambda: sigma(batch, "single_pass"), args.repeats)
+    _log.info(f"sigma single-pass {t_single:.3f} s ({passes_single})")
+    t_naive, (naive, passes_naive) = _timed(lambda: sigma(batch, "naive"), max(1, args.repeats // 2))
     _log.info(f"sigma naive {t_naive:.3f} s")
 
     diff = max(
         float((x - y).abs().max())
-        for a, b in zip(scores_single, scores_naive, strict=True)
+        for a, b in zip(single, naive, strict=True)
         for x, y in ((a.log_p_solution, b.log_p_solution), (a.log_p_answer, b.log_p_answer))
     )
-    _log.info(f"max |log p single - naive| = {diff:.2e}")
+    sigma_diff = max(
+        float((a.multiplier - b.multiplier).abs().max()) for a, b in zip(single, naive, strict=True)
+    )
+    _log.info(f"max |log p single - naive| = {diff:.2e}, max |σ·|o|| difference {sigma_diff:.2e}")
 
-    cuts = [sc.cuts for sc in scores_single]
-    n_exits = statistics.mean(len(c) for c in cuts)
-    suffix = 1 + len(strings.exit_ids) + len(traces[0].pairs[0][0]) + len(strings.answer_prefix_ids)
-    suffix += len(traces[0].pairs[0][1]) + len(strings.answer_suffix_ids)
-    length = args.prompt + args.length
-    bound = (length + n_exits * suffix) / length
+    assigner = CreditAssigner(batch.tok, batch.credit)
+    trace_tokens, suffix = suffix_tokens(assigner, traces, single)
+    n_cuts = sum(len(c.cuts) for c in single)
+    n_exits = n_cuts / len(single)
+    a_tokens = suffix / max(n_cuts, 1)
+    bound = (trace_tokens + suffix) / trace_tokens
+    scoring = passes_single.get("scoring", 0.0)
 
+    m = mc_samples(cfg)
     mc_traces = traces[: args.mc_traces]
     t0 = time.perf_counter()
-    for t, c in zip(mc_traces, cuts, strict=False):
-        mc_values(model, t, c, args.mc_samples, answer_tokens=suffix)
+    for t, c in zip(mc_traces, single, strict=False):
+        mc_values(model, t, list(c.cuts), m, answer_tokens=round(a_tokens))
     t_mc = (time.perf_counter() - t0) * len(traces) / max(1, len(mc_traces))  # scaled to the whole batch
-    _log.info(f"MC values (M={args.mc_samples}) {t_mc:.1f} s for the batch (scaled)")
+    _log.info(f"MC values (M={m}) {t_mc:.1f} s for the batch (scaled)")
 
     report: dict[str, Any] = {
         "setup": {
             "traces": len(traces),
             "prompt_tokens": args.prompt,
             "completion_tokens": args.length,
-            "trace_tokens_L": length,
+            "trace_tokens_L": trace_tokens / len(traces),
             "exit_points_K": n_exits,
-            "suffix_tokens_A": suffix,
-            "mc_samples_M": args.mc_samples,
+            "suffix_tokens_A": a_tokens,
+            "mc_samples_M": m,
             "mc_traces_measured": len(mc_traces),
+            "config": args.config,
+            "credit": {k: str(v) for k, v in vars(batch.credit).items() if k != "mc"},
             "model": args.model
             or f"random Qwen2 h{args.hidden} x{args.layers} heads {args.heads} vocab {vocab}",
             "parameters": sum(p.numel() for p in model.parameters()),
@@ -356,16 +355,21 @@ def scoring_report(args: argparse.Namespace) -> dict[str, Any]:
             "sigma_naive": t_naive,
             "mc_values": t_mc,
         },
+        # CreditAssigner's passes of the last timed call (scoring: trace and suffix pass, segmentation).
+        "passes_single_pass": passes_single,
+        "passes_naive": passes_naive,
         "ratios": {
             "token_bound_(L+KA)/L": bound,
             "single_pass_over_forward": t_single / t_forward,
-            "single_pass_over_bound": t_single / t_forward / bound,
+            "scoring_over_forward": scoring / t_forward,
+            "scoring_over_bound": scoring / t_forward / bound,
             "naive_over_forward": t_naive / t_forward,
             "naive_over_single_pass": t_naive / t_single,
             "mc_over_forward": t_mc / t_forward,
             "mc_over_single_pass": t_mc / t_single,
         },
         "max_abs_logprob_diff_single_vs_naive": diff,
+        "max_abs_sigma_x_len_diff_single_vs_naive": sigma_diff,
     }
     return report
 
@@ -375,7 +379,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.train_metrics and Path(args.train_metrics).is_dir():
         report["train_step_workflow"] = train_step_summary(Path(args.train_metrics))
     if args.precision_traces > 0:
-        set_threads(args.train_threads)
+        set_threads(load_config(args.config)["threads"]["train"])  # as in the workflow
         report["precision_bf16"] = precision(
             args.config, args.precision_model, args.precision_data, args.precision_traces, args.seed
         )
@@ -383,16 +387,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.train_steps > 0:
         if not Path(args.sft).is_dir():
             raise SystemExit(f"--train-steps needs the SFT model at {args.sft} (run the workflow first)")
-        set_threads(args.train_threads)
         report["train_step_ab"] = train_step_ab(
             args.config, args.sft, args.rl_data, args.arms, args.train_steps
         )
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/bench/credit.json", help="JSON report path")
+    ap.add_argument(
+        "--config",
+        nargs="+",
+        default=["config/config.yaml"],
+        help="config YAML file(s): the credit settings of σ, M, and the settings of --train-steps",
+    )
     ap.add_argument("--model", help="checkpoint directory (default: a randomly initialised Qwen2)")
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
@@ -401,17 +410,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--traces", type=int, default=8, help="traces in the batch (0: no scoring benchmark)")
     ap.add_argument("--prompt", type=int, default=64, help="prompt tokens per trace")
     ap.add_argument("--length", type=int, default=1024, help="completion tokens per trace")
-    ap.add_argument("--exits", type=int, default=32, help="exit points per trace (segments + 1)")
+    ap.add_argument(
+        "--exits", type=int, default=32, help="exit points per trace (segments + 1): segmentation target"
+    )
     ap.add_argument("--suffix", type=int, default=48, help="reference solution + answer tokens (about)")
-    ap.add_argument("--mc-samples", type=int, default=4, help="M rollouts per exit point")
     ap.add_argument("--mc-traces", type=int, default=1, help="traces whose MC cost is measured")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=max(1, torch.get_num_threads()))
-    ap.add_argument("--max-batch-tokens", type=int, default=32768)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random batch and of --precision-traces")
     ap.add_argument("--train-metrics", default="results/train", help="workflow train folder to summarise")
     ap.add_argument("--train-steps", type=int, default=0, help="also time N training steps per arm (A/B)")
-    ap.add_argument("--config", nargs="+", default=["config/config.yaml"], help="config for --train-steps")
     ap.add_argument("--sft", default="results/models/sft", help="SFT model for --train-steps")
     ap.add_argument("--rl-data", default="results/data/rl.clean.jsonl", help="RL split for --train-steps")
     ap.add_argument("--arms", nargs="+", default=["grpo", "rredcot", "entropy", "rredcot_entropy"])
@@ -420,10 +428,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument("--precision-model", default="results/models/sft", help="model of --precision-traces")
     ap.add_argument("--precision-data", default="results/data/test.jsonl", help="problems to sample from")
-    ap.add_argument(
-        "--train-threads", type=int, default=1, help="threads for --train-steps (as in the workflow)"
-    )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     report = run(args)
     write_json(Path(args.out), report)
     if "ratios" in report:

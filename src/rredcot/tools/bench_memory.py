@@ -10,9 +10,10 @@ ones the model would write (a random model never writes them), so the greedy ans
 - ``naive``: the one-sequence-per-exit reference scorer.
 
 The peak is the largest resident set size seen during the pass (sampled every 2 ms) minus the size
-before it. The bound is what the budget admits for one pass: ``max_batch_tokens`` tokens of KV cache
-and one layer's activations, ``max_logit_elements`` float32 logits three times over (logits,
-log-softmax, probabilities) and ``max_mask_elements`` mask entries (bool and float).
+before it. The budget is the config's ``credit.budget`` (``--config``; ``--max-batch-tokens``
+overrides its token bound). The bound is what the budget admits for one pass: ``max_batch_tokens``
+tokens of KV cache and one layer's activations, ``max_logit_elements`` float32 logits three times
+over (logits, log-softmax, probabilities) and ``max_mask_elements`` mask entries (bool and float).
 
     rredcot bench-memory --out results/bench/memory.json          # or: python -m rredcot.tools.bench_memory
 
@@ -45,11 +46,14 @@ def _model(args: argparse.Namespace) -> Any:
 
 
 def _budget(args: argparse.Namespace) -> Any:
-    try:
-        from rredcot.method.scoring.types import ScoringBudget
-    except ImportError:  # older layout
-        from rredcot.method.scoring.types import ScoringBudget
-    return ScoringBudget(max_batch_tokens=args.max_batch_tokens)
+    """The credit passes' budget: the config's ``credit.budget``, with ``--max-batch-tokens`` when given."""
+    from rredcot.method.scoring.types import ScoringBudget
+    from rredcot.settings.config import load_config
+
+    budget = dict(load_config(args.config)["credit"]["budget"])
+    if args.max_batch_tokens is not None:
+        budget["max_batch_tokens"] = args.max_batch_tokens
+    return ScoringBudget(**budget)
 
 
 def budget_bound(args: argparse.Namespace, budget: Any) -> int:
@@ -57,7 +61,10 @@ def budget_bound(args: argparse.Namespace, budget: Any) -> int:
     head_dim = args.hidden // args.heads
     kv = args.layers * 2 * max(1, args.heads // 2) * head_dim * 4
     activations = (4 * args.hidden + 3 * 3 * args.hidden) * 4
-    logits = budget.max_logit_elements * 4 * 3
+    from rredcot.method.forward import CPU_LOGIT_ELEMENTS
+
+    # null: the passes follow free memory on a GPU and take CPU_LOGIT_ELEMENTS at a time on a CPU.
+    logits = (budget.max_logit_elements or CPU_LOGIT_ELEMENTS) * 4 * 3
     mask = budget.max_mask_elements * (1 + 4)
     return budget.max_batch_tokens * (kv + activations) + logits + mask
 
@@ -160,13 +167,15 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 def _child_argv(args: argparse.Namespace, name: str, lengths: str) -> list[str]:
     keep = ["vocab", "hidden", "layers", "heads", "exits", "max_batch_tokens", "threads", "max_length"]
-    flags = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in keep]
+    flags = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in keep if getattr(args, k) is not None]
     return [
         sys.executable,
         "-m",
         "rredcot.tools.bench_memory",
         f"--child={name}",
         f"--lengths={lengths}",
+        "--config",
+        *args.config,
         *flags,
     ]
 
@@ -179,7 +188,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--exits", type=int, default=48)
-    ap.add_argument("--max-batch-tokens", type=int, default=32768)
+    ap.add_argument(
+        "--config", nargs="+", default=["config/config.yaml"], help="config YAML file(s): the credit.budget"
+    )
+    ap.add_argument("--max-batch-tokens", type=int, help="tokens per pass (default: the config's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lengths", default="4096,8192,16384", help="trace lengths (tokens), comma-separated")
     ap.add_argument("--naive-lengths", default="4096", help="lengths for the naive scorer (it is slow)")
@@ -212,7 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     report = {
         "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads")},
         "exits": args.exits,
-        "max_batch_tokens": args.max_batch_tokens,
+        "config": args.config,
+        "max_batch_tokens": _budget(args).max_batch_tokens,
         "results": results,
     }
     if args.out:

@@ -102,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     by_id = {str(r["id"]): r for r in read_jsonl(args.data)} if args.data else {}
     rows = trace_inputs(read_jsonl(args.traces)[: args.limit], by_id, cfg["prompt"]["template"])
     tok = load_tokenizer(args.model)
-    model = load_model(args.model).eval()
+    # Float32 weights, as training holds them (its credit passes run from the master weights).
+    model = load_model(args.model, "float32").eval()
     assigner = CreditAssigner(tok, credit)
     items = [
         TraceInput(

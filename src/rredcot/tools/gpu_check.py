@@ -43,16 +43,19 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rredcot.infra.logs import setup_logging
 from rredcot.infra.memory import PeakRSS
+
+if TYPE_CHECKING:
+    from rredcot.method.settings import CreditConfig
 
 _log = logging.getLogger(__name__)
 
@@ -103,12 +106,24 @@ TINY_VOCAB = 512
 # The per-GPU batches of the paper recipes (full size, and the tiny form the tests run).
 BATCHES: dict[str, dict[str, Any]] = {
     "table2": dict(
-        shape="qwen2.5-1.5b", config="table2", traces=24, lengths=(3300, 3900), exits=20,
-        solution=400, own=124, naive=4,
+        shape="qwen2.5-1.5b",
+        config="table2",
+        traces=24,
+        lengths=(3300, 3900),
+        exits=20,
+        solution=400,
+        own=124,
+        naive=4,
     ),
     "table1": dict(
-        shape="qwen3-4b", config="table1", traces=8, lengths=(6000, 25000), exits=48,
-        solution=400, own=124, naive=0,
+        shape="qwen3-4b",
+        config="table1",
+        traces=8,
+        lengths=(6000, 25000),
+        exits=48,
+        solution=400,
+        own=124,
+        naive=0,
     ),
 }
 TINY_BATCHES: dict[str, dict[str, Any]] = {
@@ -200,28 +215,47 @@ def _autocast(device: torch.device, dtype: torch.dtype) -> AbstractContextManage
     return torch.autocast(device.type, dtype=dtype)
 
 
-def _recipe(path: str, exits: int, tiny: bool):
-    """The recipe's RREDCoT credit config with ``exits`` exit points per trace, and the recipe."""
-    from rredcot.settings.config import credit_config, load_config
+def batch_credit(cfg: Mapping[str, Any], exits: int, min_segment_tokens: int | None = None) -> CreditConfig:
+    """The config's RREDCoT credit (:func:`rredcot.settings.config.rredcot_credit`), as training
+    computes it, with ``exits`` exit points per trace: the segmentation's target is the batch's
+    (``n_segments`` = exits - 1, ``tokens_per_segment`` off), and ``min_segment_tokens`` when given;
+    every other setting is the config's."""
+    from rredcot.settings.config import rredcot_credit
 
-    cfg = load_config([path])
-    credit = credit_config(cfg, "rredcot")
-    minimum = 2 if tiny else credit.segmentation.min_segment_tokens
+    credit = rredcot_credit(cfg)
+    minimum = credit.segmentation.min_segment_tokens if min_segment_tokens is None else min_segment_tokens
     credit.segmentation = replace(
         credit.segmentation, n_segments=exits - 1, tokens_per_segment=0, min_segment_tokens=minimum
     )
     credit.view_every = 0
+    return credit
+
+
+def _recipe(path: str, exits: int, tiny: bool) -> tuple[dict[str, Any], CreditConfig, torch.dtype]:
+    """The recipe, its RREDCoT credit with ``exits`` exit points per trace, and its compute dtype."""
+    from rredcot.settings.config import load_config
+
+    cfg = load_config([path])
+    credit = batch_credit(cfg, exits, 2 if tiny else None)  # tiny traces: shorter segments
     dtype = torch.bfloat16 if cfg["model"]["dtype"] == "bfloat16" else torch.float32
     return cfg, credit, dtype
 
 
 def synthetic_traces(
-    tok: Any, n: int, lengths: tuple[int, int], exits: int, solution: int, own: int, seed: int = 0
+    tok: Any,
+    n: int,
+    lengths: tuple[int, int],
+    exits: int,
+    solution: int,
+    own: int,
+    prompt_words: int,
+    seed: int,
 ) -> list[Any]:
-    """``n`` traces of ``lengths[0]..lengths[1]`` completion tokens: thinking lines (a newline about
-    every quarter of a segment, so that segmentation has pieces to merge), the exit string, a final
-    solution of ``own`` words and its boxed answer; half with a positive advantage, half negative.
-    Each has one reference pair: a ``solution``-word solution and the answer."""
+    """``n`` traces of ``lengths[0]..lengths[1]`` completion tokens after a prompt of ``prompt_words``
+    words: thinking lines (a newline about every quarter of a segment, so that segmentation has
+    pieces to merge), the exit string, a final solution of ``own`` words and its boxed answer; half
+    with a positive advantage, half negative. Each has one reference pair: a ``solution``-word
+    solution and the answer."""
     from rredcot.method.registry import TraceInput
 
     rng = random.Random(seed)
@@ -239,7 +273,7 @@ def synthetic_traces(
         words = ["\n" if k % every == every - 1 else word() for k in range(thinking)]
         completion = tok(" ".join(words), add_special_tokens=False)["input_ids"]
         completion += exit_ids + tail["input_ids"] + [tok.eos_token_id]
-        prompt = tok(" ".join(word() for _ in range(200)), add_special_tokens=False)["input_ids"]
+        prompt = tok(" ".join(word() for _ in range(prompt_words)), add_special_tokens=False)["input_ids"]
         items.append(TraceInput(prompt, completion, 1.0 if i % 2 else -1.0, [(reference, "w9")]))
     return items
 
@@ -262,7 +296,7 @@ def _forward(model, items, budget, device, dtype) -> float:
     return m.seconds
 
 
-def _suffix_tokens(assigner, items, credits) -> tuple[int, int]:
+def suffix_tokens(assigner, items, credits) -> tuple[int, int]:
     """Trace tokens and exit-suffix tokens of the batch: the token bound is their sum over the first."""
     strings = assigner.strings()
     fixed = 1 + len(strings.exit_ids) + len(strings.answer_prefix_ids) + len(strings.answer_suffix_ids)
@@ -302,7 +336,7 @@ def _naive_against_single(model, assigner, items, credits, device, dtype) -> dic
     naive_tokens = sum(
         len(s.prompt_ids) + c + fixed + len(u) + len(y) for s in specs for c in s.cuts for u, y in s.pairs
     )
-    trace, suffix = _suffix_tokens(assigner, items, credits)
+    trace, suffix = suffix_tokens(assigner, items, credits)
     return {
         "traces": len(specs),
         "single_pass_s": round(single.seconds, 3),
@@ -364,7 +398,7 @@ def batch_section(name: str, config: str, device: torch.device, tiny: bool) -> d
     cfg, credit, dtype = _recipe(config, spec["exits"], tiny)
     tok = word_tokenizer(vocab)
     items = synthetic_traces(
-        tok, spec["traces"], spec["lengths"], spec["exits"], spec["solution"], spec["own"]
+        tok, spec["traces"], spec["lengths"], spec["exits"], spec["solution"], spec["own"], 200, 0
     )
     longest = max(len(t.prompt_ids) + len(t.completion_ids) for t in items)
     model = build(TINY if tiny else SHAPES[spec["shape"]], vocab, longest + 1024, device, torch.float32)
@@ -383,7 +417,7 @@ def batch_section(name: str, config: str, device: torch.device, tiny: bool) -> d
     forward = _forward(model, items, credit.budget, device, dtype)
     with Meter(device) as m, torch.inference_mode(), _autocast(device, dtype):
         credits = assigner.assign(model, items)
-    trace, suffix = _suffix_tokens(assigner, items, credits)
+    trace, suffix = suffix_tokens(assigner, items, credits)
     bound = (trace + suffix) / trace
     passes = {k: round(v, 3) for k, v in assigner.seconds.items()}
     scoring = assigner.seconds.get("scoring", 0.0)
@@ -611,14 +645,19 @@ def main(argv: list[str] | None = None) -> None:
         "table2": lambda: batch_section("table2", args.table2_config, device, args.tiny),
         "table1": lambda: batch_section("table1", args.table1_config, device, args.tiny),
         "scoring": lambda: scoring_section(
-            shapes, vocab, [256, 512] if args.tiny else [int(x) for x in args.lengths.split(",")],
-            8 if args.tiny else args.exits, device,
+            shapes,
+            vocab,
+            [256, 512] if args.tiny else [int(x) for x in args.lengths.split(",")],
+            8 if args.tiny else args.exits,
+            device,
         ),
         "graphs": lambda: graphs_section(
             TINY if args.tiny else SHAPES["qwen2.5-1.5b"], vocab, device, args.tiny
         ),
         "trainer": lambda: trainer_steps(
-            TINY if args.tiny else next(iter(SHAPES.values())), vocab if args.tiny else 32768, device,
+            TINY if args.tiny else next(iter(SHAPES.values())),
+            vocab if args.tiny else 32768,
+            device,
             64 if args.tiny else 512,
         ),
     }

@@ -28,6 +28,7 @@ from mlflow import MlflowClient
 
 from rredcot.infra.logs import setup_logging
 from rredcot.infra.tracking import TAG_PREFIX, retry, sqlite_path, tracking_uri
+from rredcot.settings.config import defaults
 
 # The saved view of the runs, by the id the UI's link names it with (``viewStateShareKey``).
 RUNS_VIEW = "runs-by-invocation"
@@ -175,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     server.add_argument("--workers", type=int, help="server processes (default: 1 for sqlite, else 4)")
     server.add_argument("--allowed-hosts", help="Host headers to accept (default: this machine's names)")
     server.add_argument("--print-only", action="store_true", help="only print the command and URI")
+    results_dir = defaults()["results_dir"]  # the config's own default: the folder jobs write to
     for p in (ui, runs, server):
-        p.add_argument("--results-dir", default="results")
+        p.add_argument("--results-dir", default=results_dir, help=f"the config's results_dir ({results_dir})")
     args = parser.parse_args(argv)
 
     if args.cmd == "server":

@@ -114,9 +114,7 @@ def clean_lines(
             found += validate_row(line.row, settings.max_field_chars)
     usable = [i for i, line in enumerate(lines) if line.row is not None and not reasons[i]]
     for i in progress(usable, "checks"):
-        reasons[i] += check_row(
-            lines[i].row, resolvers, settings.min_solution_steps, settings.require_solution
-        )
+        reasons[i] += check_row(lines[i].row, resolvers, settings)
     ids = [row_id(line) for line in lines]
     extras: list[dict[str, Any]] = [{} for _ in lines]
     marks = mark_redundancy([lines[i].row for i in usable], [ids[i] for i in usable], settings, eval_rows)
@@ -142,17 +140,16 @@ def clean_lines(
 def clean_rows(
     rows: Sequence[dict[str, Any]],
     resolvers: Sequence[Resolver] = DEFAULT_RESOLVERS,
-    min_solution_steps: int = 2,
     *,
     settings: CleanSettings | None = None,
     eval_rows: Sequence[dict[str, Any]] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    """Flag label errors in already-parsed rows; see :func:`clean_lines`.
+    """Flag label errors in already-parsed rows under ``settings`` (None: the defaults); see
+    :func:`clean_lines`.
 
     Returns the unflagged rows unchanged and in order, one ``{"id", "flagged", "reasons"}`` row per
-    input row, and the report. ``settings`` (when given) wins over ``min_solution_steps``.
+    input row, and the report.
     """
-    settings = settings or CleanSettings(min_solution_steps=min_solution_steps)
     lines = [
         Line(n, row) if isinstance(row, dict) else Line(n, None, ["not_an_object"])
         for n, row in enumerate(rows, 1)

@@ -160,10 +160,12 @@ def count_solution_steps(solution: str) -> int:
 def check_row(
     row: dict[str, Any],
     resolvers: Sequence[Resolver] = DEFAULT_RESOLVERS,
-    min_solution_steps: int = 2,
-    require_solution: bool = True,
+    settings: CleanSettings | None = None,
 ) -> list[str]:
-    """Label reasons for one row (empty if none); duplicates are found across rows by :func:`clean_rows`."""
+    """Label reasons for one row (empty if none), under ``settings`` (None: the defaults); duplicates
+    are found across rows by :func:`clean_rows`."""
+    settings = settings or CleanSettings()
+    require_solution, min_solution_steps = settings.require_solution, settings.min_solution_steps
     reasons = []
     answer = row.get("answer")
     answer_ok = isinstance(answer, str) and parseable(answer)
@@ -229,7 +231,7 @@ def read_lines(path: str | Path) -> Iterator[Line]:
             yield parse_line(number, raw)
 
 
-def validate_row(row: Mapping[str, Any], max_field_chars: int = 100_000) -> list[str]:
+def validate_row(row: Mapping[str, Any], max_field_chars: int) -> list[str]:
     """Schema reasons for a parsed row: missing, empty, wrongly typed or oversized fields."""
     reasons = []
     for name in REQUIRED_FIELDS:

@@ -68,7 +68,7 @@ def rows_per_band(threshold: float, num_perm: int, recall: float = RECALL) -> in
 class Sketcher:
     """Shingle sets and their MinHash signatures (datasketch), all with the same permutations."""
 
-    def __init__(self, shingle_size: int = 5, num_perm: int = 128, seed: int = 1) -> None:
+    def __init__(self, shingle_size: int, num_perm: int, seed: int = 1) -> None:
         self.shingle_size, self.num_perm, self.seed = shingle_size, num_perm, seed
 
     def sketch(self, text: str) -> tuple[frozenset[str], MinHash]:

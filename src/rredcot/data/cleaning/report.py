@@ -54,7 +54,7 @@ def _breakdown(rows: Sequence[Any], flags: Sequence[dict[str, Any]], field_name:
 def build_report(
     rows: Sequence[dict[str, Any] | None],
     flags: Sequence[dict[str, Any]],
-    level_field: str = "level",
+    level_field: str,
     checks: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Summary of the flags, overall and per source and level; scored against ``noise`` when present."""

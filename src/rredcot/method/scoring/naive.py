@@ -39,8 +39,6 @@ class Job:
     answer_len: int
 
 
-
-
 def make_jobs(
     prompt_ids: Sequence[int],
     completion_ids: Sequence[int],

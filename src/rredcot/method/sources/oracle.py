@@ -35,9 +35,7 @@ def oracle(assigner, batch: Batch) -> list[SegmentRewards]:  # noqa: ANN001
                 raise ValueError(f"culprit character {item.culprit} of an empty completion")
             segment = max(k for k, s in enumerate(starts) if s <= token)
         rewards = C.oracle_segment_rewards(len(starts), segment)
-        out.append(
-            SegmentRewards(rewards, starts, h, answer_reward=float(rewards[-1]) if answered else None)
-        )
+        out.append(SegmentRewards(rewards, starts, h, answer_reward=float(rewards[-1]) if answered else None))
     return out
 
 
