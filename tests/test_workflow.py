@@ -208,7 +208,11 @@ def test_claims_and_the_cost_of_monte_carlo_credit(smoke: Path) -> None:
     cost_verdict = verdicts.pop("cost")
     assert set(verdicts.values()) <= {"supported", "contradicted", "too small to matter", "inconclusive"}
     assert cost_verdict in {"within the paper's range", "cheaper", "dearer"}
-    assert (smoke / "claims.md").read_text().count("\n| ") == len(names) + 1
+    text = (smoke / "claims.md").read_text()
+    table = text[text.index("| claim |") :].split("\n\n")[0]
+    assert table.count("\n| ") == len(names)  # a row per claim below the header
+    power = text[text.index("## Power") :]
+    assert power.count("\n| ") == 1 + len(ARMS) - 1  # the header and every arm but the reference
     cost = pl.read_csv(smoke / "cost.csv").filter(pl.col("kind") == "train")
     by_item = {r["item"]: r for r in cost.to_dicts()}
     # Monte Carlo credit counts what it generates for its values beside the policy's own completions:
