@@ -73,6 +73,16 @@ def steps_to_reach(steps: Sequence[float], curve: Sequence[float], target: float
     return math.inf
 
 
+def _paired_curves(
+    steps: Sequence[float], arm: np.ndarray, reference: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``arm`` and ``reference`` as float64 [seeds, steps] arrays of one shape, or ValueError."""
+    a, r = np.asarray(arm, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    if a.shape != r.shape or a.ndim != 2 or a.shape[1] != len(steps) or a.shape[0] == 0:
+        raise ValueError(f"need two [seeds, {len(steps)}] curves of one shape, got {a.shape} and {r.shape}")
+    return a, r
+
+
 def steps_to_reach_reference(
     steps: Sequence[float],
     arm: np.ndarray,
@@ -86,9 +96,7 @@ def steps_to_reach_reference(
 
     ``arm`` and ``reference`` are [seeds, steps] held-out accuracies at ``steps`` (the same seeds).
     """
-    a, r = np.asarray(arm, dtype=np.float64), np.asarray(reference, dtype=np.float64)
-    if a.shape != r.shape or a.ndim != 2 or a.shape[1] != len(steps) or a.shape[0] == 0:
-        raise ValueError(f"need two [seeds, {len(steps)}] curves of one shape, got {a.shape} and {r.shape}")
+    a, r = _paired_curves(steps, arm, reference)
     _check_level(level, n_boot)
 
     def reach(idx: np.ndarray) -> float:
@@ -115,9 +123,7 @@ def paired_area(
     ``arm`` and ``reference`` are [seeds, steps] held-out accuracies at ``steps`` (the same seeds). A
     measure of sample efficiency that uses every probe, not only the last: an arm that learns sooner
     leads for longer."""
-    a, r = np.asarray(arm, dtype=np.float64), np.asarray(reference, dtype=np.float64)
-    if a.shape != r.shape or a.ndim != 2 or a.shape[1] != len(steps) or a.shape[0] == 0:
-        raise ValueError(f"need two [seeds, {len(steps)}] curves of one shape, got {a.shape} and {r.shape}")
+    a, r = _paired_curves(steps, arm, reference)
     if len(steps) < 2:
         raise ValueError("an area needs at least two probe steps")
     _check_level(level, n_boot)
