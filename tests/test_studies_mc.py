@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from tiny_models import TINY_SETTINGS
 
 from rredcot.data.synthetic import TaskConfig, generate_splits
 from rredcot.infra.io import read_jsonl, write_jsonl
@@ -20,14 +21,7 @@ from rredcot.studies.figures_mc import bootstrap_sd, lost_at, truncation_table, 
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "config.yaml"
-TINY = {
-    "hidden_size": 32,
-    "num_layers": 2,
-    "num_heads": 2,
-    "num_kv_heads": 1,
-    "intermediate_size": 64,
-    "max_position_embeddings": 256,
-}
+TINY = TINY_SETTINGS
 
 
 @pytest.fixture(scope="module")

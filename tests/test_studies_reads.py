@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tiny_models import TINY_SETTINGS
 
 from rredcot.data.synthetic import TaskConfig, generate_splits
 from rredcot.infra.io import read_jsonl, write_jsonl
@@ -34,14 +35,7 @@ from rredcot.studies import (
 from rredcot.studies.prm import StepScores
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {
-    "hidden_size": 32,
-    "num_layers": 2,
-    "num_heads": 2,
-    "num_kv_heads": 1,
-    "intermediate_size": 64,
-    "max_position_embeddings": 256,
-}
+TINY = TINY_SETTINGS
 # The studies shrunk to a few seconds each.
 STUDIES = {
     "n_traces": 4,

@@ -95,3 +95,14 @@ class CharTokens:
 
     def batch_decode(self, seqs, **_):
         return ["".join(self.alphabet[t] if t < len(self.alphabet) else "" for t in s) for s in seqs]
+
+
+# The ``model`` settings of a tiny scratch model for the studies' tests (config keys, not HF names).
+TINY_SETTINGS = {
+    "hidden_size": 32,
+    "num_layers": 2,
+    "num_heads": 2,
+    "num_kv_heads": 1,
+    "intermediate_size": 64,
+    "max_position_embeddings": 256,
+}
