@@ -68,7 +68,8 @@ def _paired(rows):
 
 @pytest.fixture
 def inputs():
-    cfg = load_config("config/config.yaml")
+    # A run with the Monte Carlo arm (the default leaves it to config/baselines.yaml).
+    cfg = load_config("config/config.yaml", {"run_arms": ["grpo", "rredcot", "mc", "oracle"]})
     paired = _paired(
         [
             # arm, reference, metric, seeds, problems, diff [low, high], steps to reach [low, high],

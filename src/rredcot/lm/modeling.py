@@ -34,10 +34,18 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
 
 
+def sft_attention(model_spec: Mapping[str, Any], chosen: str | None) -> str | None:
+    """The attention kernel SFT trains with: ``chosen`` (``sft.attn_implementation``), else eager
+    for a scratch model (the kernel in which the default's SFT ran faster on a CPU) and transformers'
+    own choice for a pretrained one (long sequences: eager would hold every attention matrix)."""
+    return chosen or ("eager" if model_spec["kind"] == "scratch" else None)
+
+
 def build_scratch_model(
-    tokenizer: PreTrainedTokenizerFast, spec: Mapping[str, Any], seed: int
+    tokenizer: PreTrainedTokenizerFast, spec: Mapping[str, Any], seed: int, attn_implementation: str = "sdpa"
 ) -> Qwen2ForCausalLM:
-    """A randomly initialised Qwen2 causal LM sized by the config's ``model`` section."""
+    """A randomly initialised Qwen2 causal LM sized by the config's ``model`` section. The attention
+    kernel is not saved with the model: a later load gets transformers' choice."""
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -51,6 +59,7 @@ def build_scratch_model(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
+        attn_implementation=attn_implementation,
     )
     return Qwen2ForCausalLM(config)
 
@@ -68,10 +77,12 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     return tok
 
 
-def load_model(path: str | Path, dtype: str) -> torch.nn.Module:
+def load_model(path: str | Path, dtype: str, attn_implementation: str | None = None) -> torch.nn.Module:
     """Load a causal LM with its weights in ``dtype`` (``model.dtype`` for inference; training loads
-    float32 master weights and computes under autocast)."""
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    float32 master weights and computes under autocast). ``attn_implementation``: transformers' own
+    choice when None."""
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), **extra)
 
 
 def set_threads(n: int) -> None:

@@ -244,6 +244,14 @@ class Sft:
     """Recompute activations in the backward pass instead of keeping them: less memory for long
     sequences on large models, about a third more compute (TRL's SFTConfig turns it on unless told
     otherwise; off, the default model's SFT takes 15% less time)."""
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3"] | None = None
+    """Attention kernel of SFT (transformers' ``attn_implementation``; later stages load the model
+    with transformers' own choice). null: eager for model.kind scratch, transformers' choice (sdpa)
+    for pretrained. On a 2-core CPU the default's whole SFT took 497-509 s in eager and 576-583 s in
+    sdpa (two runs each), though windows of a few hundred steps cost the same in both
+    (scripts/sft-attention.py). RL gains nothing: its steps are mostly generation
+    (docs/METHOD-NOTES.md, "The default's time budget"). Long sequences need sdpa or flash
+    attention: eager holds every attention matrix in memory."""
     group_by_length: bool = True
     """Batch examples of similar length together (transformers' length-grouped sampler), so that
     less of each batch is padding: on the synthetic task an epoch takes about 60% of the time, which
@@ -545,12 +553,14 @@ class ExperimentConfig:
     """Training arms, by name (letters, digits, '_' and '-'). Each is one credit method and one TRL
     loss type."""
     run_arms: list[str] | None = field(
-        default_factory=lambda: ["grpo", "rredcot", "mc", "oracle"], metadata=not_empty(unique=True)
+        default_factory=lambda: ["grpo", "rredcot", "oracle"], metadata=not_empty(unique=True)
     )
     """The arms this run trains and tabulates, in table order (null: every arm under arms). A recipe
     file cannot delete the default arms (config files merge), so it names its arms here. The default
-    runs the arms that answer whether credit helps: GRPO, RREDCoT, the Monte Carlo reference and the
-    oracle ceiling (config/baselines.yaml runs every arm)."""
+    runs the arms that answer whether credit helps and whether the testbed can tell, as the powered
+    testbed does: GRPO, RREDCoT and the oracle ceiling. The Monte Carlo arm trains at about 2.3x the
+    cost of a GRPO job, so it runs with every other arm in config/baselines.yaml; the Monte Carlo
+    studies measure its values without it (docs/METHOD-NOTES.md, "The default's time budget")."""
     data: Data = field(default_factory=Data)
     """Where the problems come from."""
     clean: CleanSettings = field(default_factory=CleanSettings)

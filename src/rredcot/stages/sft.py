@@ -39,7 +39,14 @@ from rredcot.infra.resume import (
     prepare_shared,
     record,
 )
-from rredcot.lm.modeling import build_scratch_model, load_model, load_tokenizer, set_threads, train_tokenizer
+from rredcot.lm.modeling import (
+    build_scratch_model,
+    load_model,
+    load_tokenizer,
+    set_threads,
+    sft_attention,
+    train_tokenizer,
+)
 from rredcot.settings.reads import stage_config, stage_settings
 
 _log = logging.getLogger(__name__)
@@ -59,15 +66,16 @@ def build_start(cfg: Mapping[str, Any], rows: list[dict], resume_from: Path | No
     A resumed job takes the tokenizer it trained before from the checkpoint rather than training it
     again; the Trainer then loads the checkpoint's weights over the model."""
     spec = cfg["model"]
+    attention = sft_attention(spec, cfg["sft"]["attn_implementation"])
     if spec["kind"] == "pretrained":  # float32 master weights; autocast computes in model.dtype
-        return load_tokenizer(spec["name_or_path"]), load_model(spec["name_or_path"], "float32")
+        return load_tokenizer(spec["name_or_path"]), load_model(spec["name_or_path"], "float32", attention)
     if resume_from is not None:
         tok = load_tokenizer(resume_from)
     else:
         # The tokenizer learns from exactly the texts SFT trains on (prompt, given thinking, completion).
         records = sft_records(rows, cfg["prompt"]["template"], eos="")
         tok = train_tokenizer([r["prompt"] + r["completion"] for r in records], spec["vocab_size"])
-    return tok, build_scratch_model(tok, spec, cfg["sft"]["seed"])
+    return tok, build_scratch_model(tok, spec, cfg["sft"]["seed"], attention)
 
 
 def mean_loss(training_loss: float, state: Any, resumed_step: int) -> float:
@@ -92,11 +100,19 @@ def job_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return stage_settings(cfg, "sft")
 
 
-def run_sft(
-    cfg: Mapping[str, Any], data: str, out: Path, run: Any, checkpoints: Path, resume_from: Path | None = None
-) -> dict[str, float]:
-    rows = read_jsonl(data)
-    tok, model = build_start(cfg, rows, resume_from)
+def build_sft_trainer(
+    cfg: Mapping[str, Any],
+    rows: list[dict],
+    checkpoints: Path,
+    callbacks: Sequence[Any] = (),
+    resume_from: Path | None = None,
+    max_steps: int = -1,
+    start: tuple[Any, Any] | None = None,
+) -> SFTTrainer:
+    """TRL's SFTTrainer on the SFT rows with the config's settings. ``max_steps`` > 0 stops early and
+    ``start`` (tokenizer, model) replaces :func:`build_start`: ``scripts/sft-attention.py`` times a
+    few hundred steps of a fresh or a trained model."""
+    tok, model = start or build_start(cfg, rows, resume_from)
     tok.padding_side = "right"  # training pads on the right; generation switches to left
     records = sft_records(rows, cfg["prompt"]["template"], tok.eos_token)
     s = cfg["sft"]
@@ -104,6 +120,7 @@ def run_sft(
         output_dir=str(checkpoints),
         per_device_train_batch_size=s["batch_size"],
         num_train_epochs=s["epochs"],
+        max_steps=max_steps,
         learning_rate=s["learning_rate"],
         lr_scheduler_type="cosine",
         warmup_steps=s["warmup_steps"],
@@ -123,13 +140,22 @@ def run_sft(
         seed=s["seed"],
         dataloader_num_workers=0,
     )
-    trainer = SFTTrainer(
+    return SFTTrainer(
         model=model,
         args=args,
         train_dataset=Dataset.from_list(records),
         processing_class=tok,
-        callbacks=[MetricsCallback(run, hold=s["save_every"] > 0)],
+        callbacks=list(callbacks),
     )
+
+
+def run_sft(
+    cfg: Mapping[str, Any], data: str, out: Path, run: Any, checkpoints: Path, resume_from: Path | None = None
+) -> dict[str, float]:
+    rows = read_jsonl(data)
+    callback = MetricsCallback(run, hold=cfg["sft"]["save_every"] > 0)
+    trainer = build_sft_trainer(cfg, rows, checkpoints, [callback], resume_from)
+    tok, model = trainer.processing_class, trainer.model
     t0 = time.time()
     result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     save_model_whole(trainer, tok, out)  # the model appears whole or not at all
@@ -139,7 +165,7 @@ def run_sft(
         "resumed_from_step": resumed_step,
         "sft_final_loss": mean_loss(float(result.training_loss), trainer.state, resumed_step),
         "n_params": float(sum(p.numel() for p in model.parameters())),
-        "n_examples": float(len(records)),
+        "n_examples": float(len(trainer.train_dataset)),
     }
 
 
