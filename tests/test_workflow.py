@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
@@ -466,12 +467,26 @@ def test_every_declared_setting_has_a_change() -> None:
     assert not missing, f"add a value to CHANGES for {missing}"
 
 
+@pytest.fixture(scope="module")
+def dry_runs(smoke: Path) -> dict[str, subprocess.CompletedProcess]:
+    """Setting -> the dry run of the smoke results with that setting changed (CHANGES, RUNS_ONLY).
+    A dry run is one Python process that mostly imports and parses: two at a time use both cores.
+    They only read the results (--nolock), so they can share them."""
+    changes = {**{k: CHANGES[k] for k in set(CHANGES) - SAME}, **RUNS_ONLY}
+
+    def dry(key: str) -> subprocess.CompletedProcess:
+        return _run(["-n", "--nolock"], smoke, _overlay(smoke.parent, key, changes[key]))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(changes, pool.map(dry, changes), strict=True))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(set(CHANGES) - SAME))
 def test_changing_a_setting_reruns_its_readers_and_nothing_else(
-    smoke: Path, downstream: dict[str, set[str]], key: str
+    dry_runs: dict[str, subprocess.CompletedProcess], downstream: dict[str, set[str]], key: str
 ) -> None:
-    jobs = _scheduled(_run(["-n"], smoke, _overlay(smoke.parent, key, CHANGES[key])))
+    jobs = _scheduled(dry_runs[key])
     readers = _readers(key) & set(downstream)
     assert readers, key
     affected = readers | {d for r in readers for d in downstream[r]}
@@ -480,15 +495,20 @@ def test_changing_a_setting_reruns_its_readers_and_nothing_else(
 
 
 @pytest.mark.slow
-def test_a_credit_setting_reruns_the_arms_whose_method_reads_it(smoke: Path) -> None:
+def test_a_credit_setting_reruns_the_arms_whose_method_reads_it(
+    dry_runs: dict[str, subprocess.CompletedProcess],
+) -> None:
     """The Monte Carlo rollouts: only the MC arm trains again (one job per seed), and with it only
     its evaluations; the GRPO, RREDCoT and oracle runs stand."""
-    jobs = _scheduled(_run(["-n"], smoke, _overlay(smoke.parent, "credit.mc.samples", 3)))
+    assert CHANGES["credit.mc.samples"] == 3
+    jobs = _scheduled(dry_runs["credit.mc.samples"])
     seeds = len(yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())["seeds"])
     assert jobs["train"] == jobs["evaluate"] == seeds
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(RUNS_ONLY))
-def test_changing_a_run_setting_reruns_nothing(smoke: Path, key: str) -> None:
-    assert _scheduled(_run(["-n"], smoke, _overlay(smoke.parent, key, RUNS_ONLY[key]))) == {}
+def test_changing_a_run_setting_reruns_nothing(
+    dry_runs: dict[str, subprocess.CompletedProcess], key: str
+) -> None:
+    assert _scheduled(dry_runs[key]) == {}

@@ -6,6 +6,7 @@ import uuid
 import yaml
 
 from rredcot.settings.config import active_arms, validate
+from rredcot.settings.preflight import check_vllm
 from rredcot.settings.reads import READS, stage_settings
 
 # Fails here, before any job runs, naming the bad key.
@@ -14,6 +15,14 @@ R = config["results_dir"]
 ARMS = active_arms(config)
 SEEDS = [int(s) for s in config["seeds"]]
 PY_CONFIG = f"{R}/config.resolved.yaml"
+
+# Before the first job (not in a dry run: `-n` shows any recipe's plan on any machine): vLLM stages
+# need vLLM installed, and where their jobs run on this CPU, a model and memory it can serve.
+onstart:
+    import torch
+
+    check_vllm(config, cuda=torch.cuda.is_available(), local=workflow.local_exec)
+
 
 # All jobs of one invocation share this id (inherited through the environment, also by SLURM jobs),
 # so their MLflow runs are grouped under one parent run.

@@ -58,16 +58,17 @@ def grpo_args(
 ) -> GRPOConfig:
     """TRL GRPOConfig shared by every arm: only the credit method (and loss type) differ.
 
-    ``rl.gpu`` settings (vLLM generation, gradient checkpointing) apply only when CUDA is available.
-    The micro-batch and gradient accumulation follow from ``rl.micro_batch_size`` and the number of
-    training processes (:func:`micro_batching`).
+    ``rl.gpu.use_vllm`` generates with vLLM on GPUs and, with vLLM's CPU build, on a CPU (a colocated
+    engine there; docs/DISTRIBUTED.md, "vLLM"); gradient checkpointing applies only when CUDA is
+    available. The micro-batch and gradient accumulation follow from ``rl.micro_batch_size`` and the
+    number of training processes (:func:`micro_batching`).
     """
     rl = cfg["rl"]
     cuda = torch.cuda.is_available()
-    gpu = rl["gpu"] if cuda else None  # GPU-only settings are ignored without CUDA
+    gpu = rl["gpu"]
     micro, accumulate = micro_batching(cfg, processes)
     vllm = {}
-    if gpu is not None and gpu["use_vllm"]:
+    if gpu["use_vllm"]:
         vllm = {"use_vllm": True, "vllm_mode": gpu["vllm_mode"]}
         if gpu["vllm_mode"] == "colocate":
             vllm["vllm_gpu_memory_utilization"] = gpu["vllm_gpu_memory_utilization"]
@@ -76,7 +77,7 @@ def grpo_args(
             vllm |= {
                 "vllm_server_host": os.environ.get("RREDCOT_VLLM_HOST", "127.0.0.1"),
                 "vllm_server_port": int(os.environ.get("RREDCOT_VLLM_PORT", server["port"])),
-                "vllm_group_port": server["group_port"],
+                "vllm_group_port": int(os.environ.get("RREDCOT_VLLM_GROUP_PORT", server["group_port"])),
                 "vllm_server_timeout": float(server["startup_timeout"]),
             }
     precision = mixed_precision(cfg)
@@ -105,7 +106,7 @@ def grpo_args(
         **precision,
         # The policy's log-probabilities from a float32 head, as the credit passes compute theirs.
         cast_lm_head_to_fp32=precision["bf16"] or precision["fp16"],
-        gradient_checkpointing=gpu is not None and bool(gpu["gradient_checkpointing"]),
+        gradient_checkpointing=cuda and bool(gpu["gradient_checkpointing"]),
         use_cpu=not cuda,
         **({"use_vllm": False} | vllm),
         seed=seed,

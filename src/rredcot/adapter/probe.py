@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from rredcot.adapter.distributed import gather_objects, scoring_model
+from rredcot.adapter.engine import run_engine
 from rredcot.lm.evaluation import evaluate_with, summarize
-from rredcot.lm.generation import HFGenerator
+from rredcot.lm.generation import Generator, HFGenerator, VLLMGenerator
 
 
 def probe_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -36,6 +37,17 @@ def probe_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def probe_engine(trainer: Any) -> Any:
+    """The run's colocated vLLM engine with the policy's current weights, or None (transformers
+    probes). The probe follows an optimizer step, so the engine first takes the step's weights
+    (TRL would push them before the next generation anyway). Server runs probe with transformers:
+    every process probes its own share, and a server is shared."""
+    llm = run_engine(trainer)
+    if llm is not None:
+        trainer.vllm_generation.sync_weights()  # a collective under ZeRO-3 and FSDP: every process
+    return llm
+
+
 def probe_accuracy(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -44,12 +56,14 @@ def probe_accuracy(
     settings: Mapping[str, Any],
     accelerator: Any = None,
     seed: int = 0,
+    engine: Any = None,
 ) -> dict[str, float]:
     """Greedy (NaN when off) and sampled (avg@k) accuracy on ``rows``.
 
     ``model`` is the trainer's (possibly wrapped) model; with an ``accelerator`` the work is split
-    over its processes and every process must call this together. Returns the same numbers on
-    every process.
+    over its processes and every process must call this together. ``engine``: a vLLM engine in this
+    process that holds the model's weights (:func:`probe_engine`), which then generates instead.
+    Returns the same numbers on every process.
     """
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     mine = [(i, rows[i]) for i in range(rank, len(rows), world)]
@@ -57,13 +71,18 @@ def probe_accuracy(
     padding = [(-1, rows[0])] * (share - len(mine))  # generated, never counted
     k = settings["n_samples"]
     eval_cfg = {**settings, "n_samples": k, "greedy": settings["greedy"]}
-    if accelerator is None:
-        generator_model = model
-        records = _records(generator_model, tokenizer, mine + padding, prompt_cfg, eval_cfg, seed)
+    # A rank-specific stream: processes must not draw the same samples for their shares.
+    seed = seed + 1000 * rank
+    if engine is not None:
+        generator = VLLMGenerator(None, tokenizer, llm=engine)
+        records = _records(generator, tokenizer, mine + padding, prompt_cfg, eval_cfg, seed)
+    elif accelerator is None:
+        generator = HFGenerator(model, tokenizer, batch_size=eval_cfg["batch_size"], progress=False)
+        records = _records(generator, tokenizer, mine + padding, prompt_cfg, eval_cfg, seed)
     else:
         with scoring_model(accelerator, model) as whole:
-            # A rank-specific stream: processes must not draw the same samples for their shares.
-            records = _records(whole, tokenizer, mine + padding, prompt_cfg, eval_cfg, seed + 1000 * rank)
+            generator = HFGenerator(whole, tokenizer, batch_size=eval_cfg["batch_size"], progress=False)
+            records = _records(generator, tokenizer, mine + padding, prompt_cfg, eval_cfg, seed)
     mine_records = [(i, r) for (i, _), r in zip(mine + padding, records, strict=True) if i >= 0]
     gathered = sorted(gather_objects(accelerator, mine_records) if accelerator else mine_records)
     summary = summarize([r for _, r in gathered], k)["all"]
@@ -71,14 +90,13 @@ def probe_accuracy(
 
 
 def _records(
-    model: torch.nn.Module,
+    generator: Generator,
     tokenizer: Any,
     indexed: list[tuple[int, Mapping[str, Any]]],
     prompt_cfg: Mapping[str, Any] | str,
     eval_cfg: Mapping[str, Any],
     seed: int,
 ) -> list[dict[str, Any]]:
-    generator = HFGenerator(model, tokenizer, batch_size=eval_cfg["batch_size"], progress=False)
     records, _ = evaluate_with(
         generator,
         tokenizer,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -30,6 +31,7 @@ import torch
 from trl import GRPOTrainer
 
 from rredcot.adapter.distributed import check_backend, gather_objects, scoring_model
+from rredcot.adapter.engine import colocated_engine_options, run_decoder, run_engine, use_cpu_weight_sync
 from rredcot.data.grading import grade
 from rredcot.lm.generation import sample_seed
 from rredcot.lm.rollouts import PolicyRollouts
@@ -68,7 +70,12 @@ class RREDCoTTrainer(GRPOTrainer):
         sampling_seed: int | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        training_args = kwargs.get("args", args[2] if len(args) > 2 else None)  # GRPOTrainer's third
+        cpu_colocated = _cpu_colocated_vllm(training_args)
+        with colocated_engine_options(training_args):
+            super().__init__(*args, **kwargs)
+        if cpu_colocated:
+            use_cpu_weight_sync(self)
         self.credit = credit or CreditConfig()
         # None: TRL's own random stream, which after the first step depends on everything drawn
         # before. An int: every generation batch draws from a stream of its own, seeded by
@@ -270,9 +277,12 @@ class RREDCoTTrainer(GRPOTrainer):
                 temperature=self.temperature,
                 top_p=self.top_p if self.top_p is not None else 1.0,
                 seed=(self.args.seed, int(self.state.global_step), self.accelerator.process_index),
+                engine=run_engine(self),
             )
+        # The run's vLLM engine holds the policy's weights: it writes the greedy answer baseline.
+        decoder = run_decoder(self) if self.credit.answer_baseline == "greedy" else None
         with self._credit_models() as (policy, value_model):  # collective on entry and exit
-            credits = self.assigner.assign(policy, items, value_model, rollouts)
+            credits = self.assigner.assign(policy, items, value_model, rollouts, decoder)
         if rollouts is not None:  # the generation cost of the Monte Carlo values, over every process
             counts = gather_objects(self.accelerator, [(rollouts.rollouts, rollouts.tokens)])
             self._metrics["train"]["credit/rollouts"].append(float(sum(c[0] for c in counts)))
@@ -332,6 +342,22 @@ class RREDCoTTrainer(GRPOTrainer):
                     baseline_text=self.assigner.baseline_text(tc),
                 )
             )
+
+
+def _cpu_colocated_vllm(args: Any) -> bool:
+    """Whether the trainer will start a colocated vLLM engine on a CPU; checks that its KV cache has a
+    size (vLLM would otherwise reserve a share of the host's whole memory)."""
+    if args is None or not getattr(args, "use_vllm", False) or args.vllm_mode != "colocate":
+        return False
+    if torch.cuda.is_available() and not args.use_cpu:
+        return False
+    if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        raise ValueError(
+            "a colocated vLLM engine on a CPU needs the size of its KV cache: set VLLM_CPU_KVCACHE_SPACE "
+            "(GiB), or call rredcot.lm.vllm_engine.prepare_engine(kv_cache_gib, model_path) before building "
+            "the trainer"
+        )
+    return True
 
 
 def _row_key(row: dict[str, Any]) -> str:

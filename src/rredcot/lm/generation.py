@@ -10,9 +10,11 @@ independent of which other rows share its batch, so a study can be rerun in part
 of a prompt's ``n`` samples included, gets its own random stream: greedy search with a logits
 processor that adds Gumbel noise from the row's own generator (the argmax of ``logits / T +
 Gumbel`` is a sample of ``softmax(logits / T)``, top-p filtering first). ``VLLMGenerator`` loads a
-saved model into vLLM, which is what makes sampling long reasoning traces affordable on GPUs; it
-passes the seed of every request. vLLM is imported only when that backend is chosen, so the CPU
-install does not need it. A temperature of 0 means greedy decoding everywhere.
+saved model into vLLM (on a GPU, or on a CPU with vLLM's CPU build: :mod:`rredcot.lm.vllm_engine`),
+which is what makes sampling long reasoning traces affordable; each row is a request with the seed
+of the row's stream. The two backends draw different noise from the same seed, so their samples
+differ while their distributions agree; greedy decoding (a temperature of 0, everywhere) gives the
+same tokens up to ties of the float arithmetic. vLLM is imported only when that backend is chosen.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any, Protocol
 import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList
+
+from rredcot.lm.vllm_engine import prepare_engine, start_engine
 
 BACKENDS = ("hf", "vllm")
 
@@ -229,34 +233,29 @@ def stop_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
 @dataclass(frozen=True)
 class VLLMOptions:
     """Engine settings of the vLLM backend: the config's ``eval.vllm`` section, whose defaults and
-    docs (``rredcot.settings.config.EvalVllm``) are theirs."""
+    docs (``rredcot.settings.config.EvalVllm``) are theirs, and on a machine without CUDA the KV
+    cache's size (``vllm_cpu.kv_cache_gib``)."""
 
-    dtype: str  # weight/activation dtype ("auto": the checkpoint's torch_dtype)
+    dtype: str  # weight/activation dtype ("auto": vLLM's choice, bfloat16 for a float32 checkpoint)
     gpu_memory_utilization: float  # share of GPU memory for weights and KV cache
     tensor_parallel_size: int  # GPUs one model is split over
     max_model_len: int | None  # prompt + completion tokens (None: the model's own limit)
+    kv_cache_gib: int  # host memory of the KV cache on a CPU (rredcot.lm.vllm_engine)
 
     @classmethod
-    def from_config(cls, section: Mapping[str, Any]) -> VLLMOptions:
-        return cls(**dict(section))
+    def from_config(cls, section: Mapping[str, Any], cpu: Mapping[str, Any], model_dtype: str) -> VLLMOptions:
+        """From the config's ``eval.vllm`` and ``vllm_cpu`` sections; a null dtype is ``model_dtype``
+        (``model.dtype``, the transformers backend's)."""
+        return cls(**{**section, "dtype": section["dtype"] or model_dtype}, kv_cache_gib=cpu["kv_cache_gib"])
 
 
-def import_vllm() -> Any:
-    try:
-        import vllm
-    except ImportError as err:
-        raise ImportError(
-            "eval.backend 'vllm' needs vLLM, which is not installed: install the GPU extra "
-            "(pip install 'rredcot[gpu]') on a machine with a CUDA GPU, or set eval.backend: hf"
-        ) from err
-    return vllm
-
-
-def load_vllm(model_path: str | Path, options: VLLMOptions, **extra: Any) -> Any:
-    """A ``vllm.LLM`` for a saved model with the configured options (``extra``: more LLM arguments)."""
+def load_vllm(model_path: str | Path, options: VLLMOptions, where: str = "vLLM", **extra: Any) -> Any:
+    """A ``vllm.LLM`` for a saved model with the configured options (``extra``: more LLM arguments),
+    after the checks and the CPU set-up of :func:`rredcot.lm.vllm_engine.prepare_engine`."""
+    prepare_engine(options.kv_cache_gib, model_path, where)
     opts = options
-    return import_vllm().LLM(
-        model=str(model_path),
+    return start_engine(
+        model_path,
         dtype=opts.dtype,
         gpu_memory_utilization=opts.gpu_memory_utilization,
         tensor_parallel_size=opts.tensor_parallel_size,
@@ -266,18 +265,27 @@ def load_vllm(model_path: str | Path, options: VLLMOptions, **extra: Any) -> Any
 
 
 class VLLMGenerator:
-    """vLLM offline inference on a saved model directory (GPU only)."""
+    """vLLM offline inference: an engine started on a saved model directory, or one that is already
+    running (``llm=``, e.g. a training run's colocated engine, whose weights the caller keeps
+    current). Every request carries its own seed, so a sample does not depend on which other
+    requests share its batch."""
 
     def __init__(
         self,
-        model_path: str | Path,
+        model_path: str | Path | None,
         tokenizer: Any,
-        options: VLLMOptions,
+        options: VLLMOptions | None = None,
         progress: bool = False,
+        llm: Any = None,
     ):
-        self.vllm, self.tokenizer, self.progress = import_vllm(), tokenizer, progress
-        # Samples of one exit point (or prompt) share their whole prefix: let vLLM cache it.
-        self.llm = load_vllm(model_path, options, enable_prefix_caching=True)
+        if llm is None:
+            if model_path is None or options is None:
+                raise ValueError("VLLMGenerator needs a model path and options, or a running engine (llm=)")
+            # Samples of one exit point (or prompt) share their whole prefix: let vLLM cache it.
+            llm = load_vllm(model_path, options, "vLLM generation", enable_prefix_caching=True)
+        import vllm  # after load_vllm: it checks that vLLM is there and sets its environment first
+
+        self.vllm, self.tokenizer, self.progress, self.llm = vllm, tokenizer, progress, llm
 
     def generate(
         self,
@@ -289,30 +297,20 @@ class VLLMGenerator:
         max_new_tokens: int,
         seed: int,
     ) -> list[list[Completion]]:
-        from vllm.inputs import TokensPrompt
-
         # Token ids from our tokenizer, not text: vLLM would add special tokens (e.g. a second BOS)
         # to a prompt whose chat template already contains them.
         ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-        inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in ids]
-        # One seed per prompt, so a problem's samples do not depend on which others share the run.
-        # vLLM seeds the n samples of a request seed, seed + 1, ..., hence the stride n between
-        # prompts; the large factor keeps the seeds of different runs apart.
-        params = [
-            self.vllm.SamplingParams(
-                n=n,
-                temperature=temperature,
-                top_p=top_p if temperature > 0 else 1.0,
-                max_tokens=max_new_tokens,
-                seed=seed * 1_000_003 + i * n,
-            )
-            for i in range(len(prompts))
-        ]
-        outputs = self.llm.generate(inputs, params, use_tqdm=self.progress)
-        return [
-            [Completion(list(o.token_ids), o.text, o.finish_reason == "length") for o in out.outputs]
-            for out in outputs
-        ]
+        # One request per (prompt, sample), each with the seed the transformers backend gives that
+        # row's random stream: a sample depends on nothing else in the run.
+        flat = [(i, j) for i in range(len(prompts)) for j in range(n)]
+        out = self.sample(
+            [ids[i] for i, _ in flat],
+            [sample_seed(seed, i, j) for i, j in flat],
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+        )
+        return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def sample(
         self,
@@ -323,16 +321,17 @@ class VLLMGenerator:
         top_p: float,
         max_new_tokens: int,
     ) -> list[Completion]:
-        from vllm.inputs import TokensPrompt
-
-        inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prefixes]
+        if len(prefixes) != len(seeds):
+            raise ValueError(f"{len(prefixes)} prefixes but {len(seeds)} seeds")
+        inputs = [{"prompt_token_ids": list(p)} for p in prefixes]
+        greedy = temperature <= 0
         params = [
             self.vllm.SamplingParams(
                 n=1,
-                temperature=temperature,
-                top_p=top_p if temperature > 0 else 1.0,
+                temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else top_p,
                 max_tokens=max_new_tokens,
-                seed=s,
+                seed=None if greedy else s,
                 skip_special_tokens=True,
             )
             for s in seeds

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rredcot.data.grading import answers_equivalent, extract_boxed, final_part, last_box
-from rredcot.lm.generation import Completion, HFGenerator, sample_seed
+from rredcot.lm.generation import Completion, Generator, HFGenerator, VLLMGenerator, sample_seed
 from rredcot.method.registry import TraceInput
 
 
@@ -93,6 +93,8 @@ class PolicyRollouts:
     share a group; a duplicated problem may carry another label). The rollout of prefix ``p``,
     sample ``m`` draws from the stream ``sample_seed(*seed, j, k, m)`` of the first trace ``j`` and
     cut ``k`` that holds ``p``. After a call, ``rollouts`` and ``tokens`` count what it generated.
+    ``engine``: a vLLM engine in this process holding the policy's weights (a run's colocated engine),
+    which then samples the rollouts instead of transformers.
     """
 
     def __init__(
@@ -107,8 +109,10 @@ class PolicyRollouts:
         temperature: float,
         top_p: float,
         seed: tuple[int, ...],
+        engine: Any = None,
     ) -> None:
         self.tokenizer, self.reward, self.groups = tokenizer, reward, list(groups)
+        self.engine = engine
         self.samples, self.batch_size, self.max_new_tokens = samples, batch_size, max_new_tokens
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
         self.rollouts = self.tokens = 0
@@ -130,7 +134,10 @@ class PolicyRollouts:
                     prefixes += [list(prefix)] * self.samples
                     seeds += [sample_seed(*self.seed, j, k, m) for m in range(self.samples)]
                 where[j].append(first[prefix])
-        sampler = HFGenerator(policy, self.tokenizer, batch_size=self.batch_size)
+        if self.engine is not None:
+            sampler: Generator = VLLMGenerator(None, self.tokenizer, llm=self.engine)
+        else:
+            sampler = HFGenerator(policy, self.tokenizer, batch_size=self.batch_size)
         outs = sampler.sample(
             prefixes,
             seeds,

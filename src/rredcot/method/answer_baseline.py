@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -75,6 +75,18 @@ SPECULATE = 4
 next forced tokens (forced rows)."""
 
 GREEDY, FORCED, DONE = 0, 1, 2  # a row's phase, on the device
+
+
+class SolutionDecoder(Protocol):
+    """Greedy decoding by an inference engine that holds exactly the value model's weights: a
+    training run's vLLM engine, which has just written the traces with them (its prefix cache holds
+    them). :func:`engine_answer_log_probs` takes the solutions from it and scores the answer after
+    each with the model, as :func:`greedy_answer_log_probs` does after decoding them itself."""
+
+    def greedy(self, heads: Sequence[Sequence[int]], max_new_tokens: int, stop: str) -> list[list[int]]:
+        """Each head's greedy continuation: at most ``max_new_tokens`` tokens, the EOS included when
+        it is produced; it may end early once its text holds ``stop``."""
+        ...
 
 
 @dataclass
@@ -168,6 +180,52 @@ def greedy_answer_log_probs(
                 _Decoder(model, head, members, max_new_tokens, block, room).run(stop_at, eos, cuda_graphs)
             else:
                 _decode_then_force(model, head, members, stop_at, eos, max_new_tokens)
+    return torch.tensor([r.log_p for r in rows], dtype=torch.float32), [r.generated for r in rows]
+
+
+def engine_answer_log_probs(
+    model: torch.nn.Module,
+    decoder: SolutionDecoder,
+    heads: Sequence[Sequence[int]],
+    answers: Sequence[Sequence[int]],
+    answer_prefix_ids: Sequence[int],
+    answer_suffix_ids: Sequence[int],
+    stop_at: Callable[[list[int]], int | None],
+    stop_text: str,
+    eos_ids: Sequence[int],
+    max_new_tokens: int,
+    solution_starts: Sequence[int] | None = None,
+    budget: ScoringBudget | None = None,
+) -> tuple[Tensor, list[list[int]]]:
+    """What :func:`greedy_answer_log_probs` returns, with the greedy solutions written by ``decoder``:
+    each row's continuation is cut where greedy decoding would end it here (the answer prefix, as
+    ``stop_at`` finds it, an EOS, or ``max_new_tokens`` solution tokens), then ``answer_prefix ⊕
+    answer ⊕ answer_suffix`` is teacher-forced after it by ``model`` in one pass per group of rows.
+    ``stop_text`` (the answer prefix's text) lets the engine stop early; the cut is ``stop_at``'s."""
+    if len(heads) != len(answers):
+        raise ValueError(f"{len(heads)} heads but {len(answers)} answers")
+    starts = [len(h) for h in heads] if solution_starts is None else list(solution_starts)
+    if not heads:
+        return torch.zeros(0), []
+    prefix, suffix = list(answer_prefix_ids), list(answer_suffix_ids)
+    rows = [
+        _Row(list(h), [*prefix, *a, *suffix], range(len(prefix), len(prefix) + len(a)), s)
+        for h, a, s in zip(heads, answers, starts, strict=True)
+    ]
+    # One token past the limit, so that the cut at the limit is seen as greedy decoding sees it.
+    continuations = decoder.greedy([r.head for r in rows], max_new_tokens + 1, stop_text)
+    eos = set(eos_ids)
+    for r, more in zip(rows, continuations, strict=True):
+        written = r.head[r.start :] + list(more)
+        solution = written_solution(written, stop_at, eos, max_new_tokens)
+        # None: the engine stopped short of every end (its context limit); keep what it wrote.
+        r.generated = written[:max_new_tokens] if solution is None else solution
+    budget = budget or ScoringBudget()
+    sizes = [r.start + len(r.generated) + len(r.forced) for r in rows]
+    with torch.inference_mode():
+        head = LogitHead(model, budget.max_logit_elements)
+        for group in length_chunks(sizes, budget.max_batch_tokens):
+            _force_answers(model, head, [rows[b] for b in group])
     return torch.tensor([r.log_p for r in rows], dtype=torch.float32), [r.generated for r in rows]
 
 
@@ -435,6 +493,13 @@ def _decode_then_force(
         next_pos = next_pos + live[:, 0]
         best = head.logits(hidden[:, -1]).argmax(dim=-1)
     del cache
+    _force_answers(model, head, rows)
+
+
+def _force_answers(model: torch.nn.Module, head: LogitHead, rows: list[_Row]) -> None:
+    """Teacher-force ``head[:start] ⊕ solution ⊕ forced`` of every row in one right-padded pass and
+    sum the log-probabilities of the answer tokens into ``log_p``."""
+    device = model_device(model)
     seqs = [[*r.head[: r.start], *r.generated, *r.forced] for r in rows]
     ids = pad_right(seqs).to(device, non_blocking=True)
     picks = []  # (row, position of an answer token)

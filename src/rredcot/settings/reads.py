@@ -80,9 +80,9 @@ READS: dict[str, StageReads] = {
     ),
     "train": StageReads(
         ("arms.{arm}", "rl", CREDIT_OF_ARM, "prompt", "eval", "model", "distributed"),
-        (*_LOGGING, *_PORTS, "threads.train", "rl.save_every", "rl.resume"),
+        (*_LOGGING, *_PORTS, "threads.train", "rl.save_every", "rl.resume", "vllm_cpu"),
     ),
-    "evaluate": StageReads(("eval", "prompt", "model.dtype"), (*_LOGGING, "threads.eval")),
+    "evaluate": StageReads(("eval", "prompt", "model.dtype"), (*_LOGGING, "threads.eval", "vllm_cpu")),
     "report": StageReads(
         ("arms", "run_arms", "eval.n_samples", "eval.temperature", "rl.eval_problems")
         + ("studies.bootstrap", "studies.seed"),
@@ -108,7 +108,7 @@ READS: dict[str, StageReads] = {
     "study_mc": StageReads(
         ("prompt.exit_string", "model.dtype", "studies.mc_samples", "studies.mc_max_new_tokens")
         + (*_STUDY_SAMPLING, "studies.backend", "eval.vllm"),
-        (*_LOGGING, "threads.eval"),
+        (*_LOGGING, "threads.eval", "vllm_cpu"),
     ),
     "study_mc_figures": StageReads(("studies.bootstrap", "studies.seed"), _LOGGING),
     "study_attribution": StageReads(

