@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -14,7 +15,7 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     out = tmp_path / "gpu.json"
     main(["--device", "cpu", "--tiny", "--out", str(out)])
     report = json.loads(out.read_text())
-    assert set(report["seconds"]) == {"table2", "table1", "scoring", "graphs", "trainer"}
+    assert set(report["seconds"]) == {"table2", "table1", "scoring", "graphs", "trainer", "vllm_baseline"}
     for name in ("table2", "table1"):
         batch = report[name]
         assert "error" not in batch, batch
@@ -34,6 +35,14 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     steps = report["trainer"]
     assert len(steps["step_s"]) == 3 and len(steps["credit_s"]) == 3
     assert steps["master_dtype"] == "torch.float32"
+    # The greedy baseline through a vLLM engine (vLLM's CPU build here), beside transformers' own.
+    engine = report["vllm_baseline"]
+    if "skipped" in engine:
+        assert not os.environ.get("CI"), engine  # CI installs vLLM
+    else:
+        assert "error" not in engine, engine
+        assert engine["vllm"]["passes_s"]["answer_baseline"] > 0 and engine["answer_segments"] > 0
+        assert 0 <= engine["same_solutions"] <= engine["answer_segments"]
 
 
 def test_gpu_check_refuses_without_cuda():

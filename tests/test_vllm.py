@@ -95,17 +95,16 @@ def run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def checks(run: Path) -> dict:
     out = run.parent / "checks.json"
-    proc = subprocess.run(
-        [sys.executable, str(TESTS / "vllm_checks.py"), str(run / "models/sft"), str(run / "data/test.jsonl")]
-        + [str(out)],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    _script("vllm_checks.py", run / "models/sft", run / "data/test.jsonl", out)
     return json.loads(out.read_text())
+
+
+def _script(name: str, *args: object) -> None:
+    """Run one of the tests' scripts in a process of its own (an engine sets up torch.distributed in
+    the process that starts it)."""
+    cmd = [sys.executable, str(TESTS / name), *map(str, args)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
 def _paired_interval_holds_zero(a: list[float], b: list[float]) -> tuple[float, float, float]:
@@ -225,16 +224,7 @@ def test_server_mode_starts_generates_and_stops(run: Path, tmp_path: Path) -> No
     }
     overlay.write_text(yaml.safe_dump(settings))
     configs = ["config/config.yaml", "config/vllm.yaml", "config/smoke.yaml", str(overlay)]
-    proc = subprocess.run(
-        [sys.executable, str(TESTS / "vllm_server_job.py"), str(run / "models/sft"), str(run), str(tmp_path)]
-        + configs,
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    _script("vllm_server_job.py", run / "models/sft", run, tmp_path, *configs)
     report = json.loads((tmp_path / "server.json").read_text())
     # Launched on a free port, answered /health, generated greedy solutions as the in-process engine.
     assert report["port"] != report["group_port"] and report["health"] == 200

@@ -18,6 +18,8 @@ policy (docs/DISTRIBUTED.md, "vLLM").
 from __future__ import annotations
 
 import functools
+import os
+import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -110,13 +112,27 @@ def colocated_engine_options(args: Any) -> Iterator[None]:
         return
     from trl.generation import vllm_generation
 
+    if not hasattr(vllm_generation, "LLM"):  # vLLM is not installed: TRL says so itself
+        yield
+        return
     dtype = "bfloat16" if args.bf16 else "float16" if args.fp16 else "float32"
+    if not os.environ.get("MASTER_PORT"):
+        # A colocated engine joins (or, alone, makes) the run's process group at MASTER_PORT, which
+        # TRL sets to 29500 when that port is free: two runs starting at once on one machine both
+        # take it, and the second fails (EADDRINUSE). An unused port the kernel hands out instead.
+        os.environ["MASTER_PORT"] = str(_unused_port())
     original = vllm_generation.LLM
     vllm_generation.LLM = functools.partial(original, **{**engine_options(), "dtype": dtype})
     try:
         yield
     finally:
         vllm_generation.LLM = original
+
+
+def _unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
 
 def use_cpu_weight_sync(trainer: Any) -> None:

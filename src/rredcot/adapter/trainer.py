@@ -14,6 +14,11 @@ whole parameters (:func:`rredcot.adapter.distributed.scoring_model`), so each pr
 of the batch with no collective call inside; group mates for ``group_pairs`` and the credit
 statistics are gathered over all processes, so neither depends on the number of GPUs. Evaluation
 batches get no credit.
+
+With TRL's ``use_vllm`` the run's vLLM engine holds each step's weights when credit is computed: it
+writes the greedy answer baseline's solutions (a colocated engine or a server) and the Monte Carlo
+method's rollouts (a colocated engine), and it computes in the training's dtype
+(:mod:`rredcot.adapter.engine`; on a CPU, with a weight sync that reaches vLLM's packed kernels).
 """
 
 from __future__ import annotations

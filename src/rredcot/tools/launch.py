@@ -7,8 +7,10 @@ config's ``distributed`` section and the job's environment and then
    as SLURM sets it), or ``distributed.cpu_processes`` on a machine without CUDA (gloo); nodes from
    ``SLURM_JOB_NUM_NODES`` when the job spans several;
 2. with ``rl.gpu.use_vllm`` and ``vllm_mode: server``, **starts the vLLM server** of TRL
-   (``trl vllm-serve``'s command line, built by TRL) on the job's last GPUs (single node) or on its
-   last node, waits until ``/health`` answers, and stops it when training ends, whatever the outcome;
+   (``trl vllm-serve``'s command line, built by TRL) on the job's last GPUs (single node), on its
+   last node, or on a machine without CUDA on its CPU (vLLM's CPU build), on free ports of the node
+   unless the config names them; waits until ``/health`` answers, and stops it when training ends,
+   whatever the outcome (:func:`serving`);
 3. **runs the stage**: in this process when the plan is one process and no accelerate config is
    named; else ``accelerate launch --config_file C --num_processes N -m rredcot.<stage> ...``, and on
    several nodes one such launcher per node through ``srun``.

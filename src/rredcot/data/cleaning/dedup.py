@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
-
-from datasketch import MinHash, MinHashLSH
+from typing import TYPE_CHECKING, Any
 
 from rredcot.data.cleaning.checks import CleanSettings, normalize_problem
 from rredcot.data.grading import answers_equivalent
 from rredcot.infra.progress import progress
+
+if TYPE_CHECKING:
+    from datasketch import MinHash
 
 _NEAR_DROP_RE = re.compile(r"\\[,;:! ]|\\[][()]|\\(?:left|right|displaystyle)(?![a-z])|[\s${}.,;:]")
 _FRAC_RE = re.compile(r"\\[dt]frac(?![a-z])")
@@ -72,6 +73,8 @@ class Sketcher:
         self.shingle_size, self.num_perm, self.seed = shingle_size, num_perm, seed
 
     def sketch(self, text: str) -> tuple[frozenset[str], MinHash]:
+        from datasketch import MinHash  # on first use: it loads scipy
+
         grams = shingles(text, self.shingle_size)
         signature = MinHash(num_perm=self.num_perm, seed=self.seed)
         signature.update_batch([g.encode("utf-8") for g in sorted(grams)])
@@ -84,6 +87,8 @@ class NearIndex:
 
     def __init__(self, threshold: float, num_perm: int) -> None:
         self.threshold = threshold
+        from datasketch import MinHashLSH
+
         width = rows_per_band(threshold, num_perm)
         self.lsh = MinHashLSH(num_perm=num_perm, params=(num_perm // width, width))
         self.grams: list[frozenset[str]] = []

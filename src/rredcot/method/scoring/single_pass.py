@@ -44,11 +44,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from rredcot.method.forward import (
     LogitHead,
@@ -62,6 +61,9 @@ from rredcot.method.forward import (
 from rredcot.method.scoring.batching import distinct_traces, length_chunks, spans
 from rredcot.method.scoring.entropies import completion_predictions_at, split_predictions
 from rredcot.method.scoring.types import ExitStrings, ScoringBudget, TraceExits, TraceScores
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 __all__ = ["score_traces_single_pass", "supports_single_pass"]
 
@@ -101,6 +103,8 @@ def _run_trace_pass(
     """Forward ``prompt ⊕ completion`` for the given traces; returns the cache and, per trace (on the
     host: segmentation reads them), the completion's entropies and the token the model finds most
     likely at each completion position (-1: none)."""
+    from transformers import DynamicCache
+
     device = model_device(model)
     input_ids = pad_right([[*traces[i].prompt_ids, *traces[i].completion_ids] for i in rows])
     # Right padding: real tokens keep positions 0..n-1 and no real query reads a padded key (no mask
@@ -267,6 +271,9 @@ def _row_cache(chunk: _TraceChunk, rows: list[int], keys: int) -> DynamicCache:
     Keys are sliced before rows are selected, so only ``rows x keys`` positions are copied; a pass
     of one row takes a view and copies nothing (the pass's own append makes the one copy).
     """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
     layers = []
     for layer in chunk.cache.layers:
         k, v = layer.keys[:, :, :keys], layer.values[:, :, :keys]
