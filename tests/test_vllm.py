@@ -93,18 +93,74 @@ def run(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def checks(run: Path) -> dict:
-    out = run.parent / "checks.json"
-    _script("vllm_checks.py", run / "models/sft", run / "data/test.jsonl", out)
-    return json.loads(out.read_text())
+def jobs(run: Path) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Three jobs on the smoke run's start model, started together (each is mostly a single Python
+    thread starting an engine, so two cores run them in about half the time of one after another):
+    ``checks`` (tests/vllm_checks.py), ``two`` (two training processes through `rredcot launch`) and
+    ``server`` (tests/vllm_server_job.py). Each runs in a process of its own: an engine sets up
+    torch.distributed in the process that starts it. Name -> (its process, its folder)."""
+    base = run.parent / "jobs"
+    folders = {name: base / name for name in ("checks", "two", "server")}
+    for folder in folders.values():
+        folder.mkdir(parents=True)
+    model, data, test = run / "models/sft", run / "data/rl.clean.jsonl", run / "data/test.jsonl"
+    configs = ["config/config.yaml", "config/vllm.yaml", "config/smoke.yaml"]
+    two = folders["two"] / "two.yaml"
+    two.write_text(
+        yaml.safe_dump({**OVERLAY, "results_dir": str(folders["two"]), "distributed": {"cpu_processes": 2}})
+    )
+    server = folders["server"] / "server.yaml"
+    rl = {**OVERLAY["rl"], "gpu": {"vllm_mode": "server"}}
+    server.write_text(yaml.safe_dump({**OVERLAY, "results_dir": str(folders["server"]), "rl": rl}))
+    commands = {
+        "checks": [
+            sys.executable,
+            str(TESTS / "vllm_checks.py"),
+            model,
+            test,
+            folders["checks"] / "checks.json",
+        ],
+        "two": ["rredcot", "launch", "train", "--config", *configs, two, "--arm", "rredcot", "--seed", "0"]
+        + ["--model", model, "--data", data, "--eval-data", test, "--out", folders["two"] / "train"],
+        "server": [
+            sys.executable,
+            str(TESTS / "vllm_server_job.py"),
+            model,
+            run,
+            folders["server"],
+            *configs,
+            server,
+        ],
+    }
+    running = {
+        name: subprocess.Popen(
+            [str(c) for c in cmd],
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, cmd in commands.items()
+    }
+    done = {}
+    for name, proc in running.items():
+        out, _ = proc.communicate(timeout=1200)
+        done[name] = (subprocess.CompletedProcess(commands[name], proc.returncode, out, ""), folders[name])
+    return done
 
 
-def _script(name: str, *args: object) -> None:
-    """Run one of the tests' scripts in a process of its own (an engine sets up torch.distributed in
-    the process that starts it)."""
-    cmd = [sys.executable, str(TESTS / name), *map(str, args)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+def _job(jobs: dict, name: str) -> tuple[str, Path]:
+    """A job's output and folder, once it has succeeded."""
+    proc, folder = jobs[name]
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    return proc.stdout, folder
+
+
+@pytest.fixture(scope="module")
+def checks(jobs: dict) -> dict:
+    _, folder = _job(jobs, "checks")
+    return json.loads((folder / "checks.json").read_text())
 
 
 def _paired_interval_holds_zero(a: list[float], b: list[float]) -> tuple[float, float, float]:
@@ -176,37 +232,12 @@ def test_a_running_engine_takes_new_weights(checks: dict) -> None:
 
 
 # ----------------------------------------------------------------------- two processes
-def test_two_training_processes_each_with_an_engine(run: Path, tmp_path: Path) -> None:
-    overlay = tmp_path / "two.yaml"
-    overlay.write_text(
-        yaml.safe_dump({**OVERLAY, "results_dir": str(tmp_path), "distributed": {"cpu_processes": 2}})
-    )
-    out = tmp_path / "train"
-    cmd = ["rredcot", "launch", "train", "--config", "config/config.yaml", "config/vllm.yaml"]
-    cmd += [
-        "config/smoke.yaml",
-        str(overlay),
-        "--arm",
-        "rredcot",
-        "--seed",
-        "0",
-        "--model",
-        str(run / "models/sft"),
-    ]
-    cmd += [
-        "--data",
-        str(run / "data/rl.clean.jsonl"),
-        "--eval-data",
-        str(run / "data/test.jsonl"),
-        "--out",
-        str(out),
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+def test_two_training_processes_each_with_an_engine(jobs: dict) -> None:
+    out, folder = _job(jobs, "two")
+    rows = [json.loads(x) for x in (folder / "train/metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "loss" in r]
     assert len(steps) == 3 and all(abs(r["sampling/sampling_logp_difference/mean"]) < 1e-3 for r in steps)
-    assert "2 process(es)" in proc.stderr + proc.stdout
+    assert "2 process(es)" in out
 
 
 # ---------------------------------------------------------------------------- server mode
@@ -215,17 +246,9 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_server_mode_starts_generates_and_stops(run: Path, tmp_path: Path) -> None:
-    overlay = tmp_path / "server.yaml"
-    settings = {
-        **OVERLAY,
-        "results_dir": str(tmp_path),
-        "rl": {**OVERLAY["rl"], "gpu": {"vllm_mode": "server"}},
-    }
-    overlay.write_text(yaml.safe_dump(settings))
-    configs = ["config/config.yaml", "config/vllm.yaml", "config/smoke.yaml", str(overlay)]
-    _script("vllm_server_job.py", run / "models/sft", run, tmp_path, *configs)
-    report = json.loads((tmp_path / "server.json").read_text())
+def test_server_mode_starts_generates_and_stops(jobs: dict) -> None:
+    _, folder = _job(jobs, "server")
+    report = json.loads((folder / "server.json").read_text())
     # Launched on a free port, answered /health, generated greedy solutions as the in-process engine.
     assert report["port"] != report["group_port"] and report["health"] == 200
     assert report["solutions_identical"] == report["heads"] > 0

@@ -41,8 +41,8 @@ from rredcot.method.registry import TraceInput
 from rredcot.settings.config import credit_config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-K = 16  # samples per problem (evaluation) and per exit point (rollouts)
-ROLLOUT_TRACES = 50  # traces whose exit points (the prompt and the ends of the first two lines) roll out
+K = 12  # samples per problem (evaluation) and per exit point (rollouts)
+ROLLOUT_TRACES = 40  # traces whose exit points (the prompt and the ends of the first two lines) roll out
 
 
 def interval(per_item: list[float], seed: int = 0) -> list[float]:
@@ -101,7 +101,7 @@ def compare_baselines(model, tok, items: list[TraceInput], credit, decoder) -> d
 
 
 def main(model_dir: str, data: str, out: str) -> None:
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # it runs beside other jobs (tests/test_vllm.py)
     cfg = load_config(ROOT / "config/config.yaml", {"model": {"dtype": "float32"}})
     prompt, exit_string = cfg["prompt"], cfg["prompt"]["exit_string"]
     tok = load_tokenizer(model_dir)

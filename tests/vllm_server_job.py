@@ -54,7 +54,7 @@ def main(model_dir: str, run: str, out: str, *configs: str) -> None:
 
         tok = load_tokenizer(model_dir)
         model = load_model(model_dir, "float32").eval()
-        rows = read_jsonl(Path(run) / "data/test.jsonl")[:30]
+        rows = read_jsonl(Path(run) / "data/test.jsonl")[:20]
         prompts = build_prompts(cfg["prompt"], [r["problem"] for r in rows], tok)
         items = credit_traces(HFGenerator(model, tok, batch_size=64), tok, rows, prompts)
         client = VLLMClient(base_url=f"http://127.0.0.1:{plan.server.port}", connection_timeout=60)
