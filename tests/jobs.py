@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 
 from rredcot.data.synthetic import TaskConfig, generate_splits
 from rredcot.infra.io import write_jsonl
-from rredcot.infra.resume import is_resumable
+from rredcot.infra.resume import check_checkpoint, is_resumable
 from rredcot.infra.tracking import INVOCATION_ENV, tracking_uri
 from rredcot.lm.modeling import build_scratch_model, train_tokenizer
 from rredcot.settings.config import load_config
@@ -77,9 +77,10 @@ def descendants(pid: int) -> list[int]:
 
 def kill_when_saved(proc: subprocess.Popen, checkpoint: Path, timeout: float = HANG_SECONDS) -> None:
     """SIGKILL ``proc`` and everything it started as soon as ``checkpoint`` is complete (a job that
-    neither saves it nor ends within ``timeout`` seconds hangs)."""
+    neither saves it nor ends within ``timeout`` seconds hangs). Complete means sealed, as resuming
+    requires (:func:`rredcot.infra.resume.check_checkpoint`)."""
     t0 = time.monotonic()
-    while not is_resumable(checkpoint):
+    while check_checkpoint(checkpoint) is not None or not is_resumable(checkpoint):
         assert proc.poll() is None, f"the job ended (rc {proc.returncode}) before {checkpoint} was saved"
         assert time.monotonic() - t0 < timeout, f"{checkpoint} was not saved in {timeout} s"
         time.sleep(0.02)

@@ -106,3 +106,36 @@ def test_the_node_count_must_match_the_job():
     cfg = _cfg(nodes=2)
     with pytest.raises(SystemExit, match="has 1 node"):
         L.plan_launch(cfg, "train", "m", env={"SLURM_JOB_NUM_NODES": "1"}, cuda_count=8)
+
+
+# The stage, stood in for by a process that reports how it starts and, on SIGTERM, stops as a
+# training process does (after a moment, with a failure code).
+_STAGE = """
+import signal, sys, time
+ignored = signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+signal.signal(signal.SIGTERM, lambda *a: (print("term", flush=True), time.sleep(0.5), sys.exit(3)))
+print("usr1-ignored" if ignored else "usr1-default", flush=True)
+time.sleep(60)
+sys.exit(0)
+"""
+_LAUNCHER = """
+import sys
+from rredcot.tools.launch import call_until_stopped
+print("launcher-exit", call_until_stopped([sys.executable, "-c", sys.argv[1]], {}), flush=True)
+"""
+
+
+def test_a_stop_signal_to_the_launcher_stops_the_stage_and_exits_75():
+    """SLURM's SIGTERM/SIGUSR1 must not end `rredcot launch` while the stage still saves: it passes
+    SIGTERM on (SIGUSR1 would end `accelerate launch`), waits, and exits 75 (rerun the job)."""
+    import signal
+    import subprocess
+    import sys
+
+    from rredcot.infra.stopping import PREEMPTED_EXIT
+
+    proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, _STAGE], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "usr1-ignored"  # the stage has started
+    proc.send_signal(signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=60)
+    assert out.split() == ["term", "launcher-exit", str(PREEMPTED_EXIT)] and proc.returncode == 0

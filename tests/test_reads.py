@@ -177,7 +177,7 @@ def _stage_module(block: str) -> str:
     """The module whose ``main`` the rule's command runs (``rredcot launch STAGE`` runs STAGE's)."""
     from rredcot.cli import STAGES
 
-    words = re.search(r'"rredcot (\S+)(?: (\S+))?', block)
+    words = re.search(r'"(?:exec )?rredcot (\S+)(?: (\S+))?', block)
     assert words, block
     command = words.group(2) if words.group(1) == "launch" else words.group(1)
     return STAGES[command].split(":")[0]

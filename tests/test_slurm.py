@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -159,6 +161,103 @@ def test_workflow_on_slurm(cluster: dict[str, str], tmp_path: Path) -> None:
     assert all(r.info.status == "FINISHED" for r in runs)
     (train,) = [r for r in runs if r.data.tags["rredcot.rule"] == "train"]
     assert train.data.metrics["processes"] == 2
+
+
+def _train_inputs(results: Path) -> None:
+    """What the train job reads, in place and oldest first, so that Snakemake has only it to run."""
+    from jobs import make_base
+
+    from rredcot.infra.io import write_json, write_jsonl
+
+    base = make_base(results.parent / "base")
+    rows = {name: (base / f"{name}.jsonl").read_text() for name in ("sft", "rl", "test")}
+    for name, text in rows.items():
+        (results / "data").mkdir(parents=True, exist_ok=True)
+        (results / "data" / f"{name}.jsonl").write_text(text)
+    (results / "data" / "rl.clean.jsonl").write_text(rows["rl"])
+    write_jsonl(results / "clean" / "rl.flags.jsonl", [])
+    write_json(results / "clean" / "report.json", {})
+    time.sleep(0.01)
+    shutil.copytree(base / "model", results / "models" / "sft")
+    os.utime(results / "models" / "sft")  # copytree gave it the old folder's mtime
+
+
+def test_preempted_train_job_is_resubmitted_and_resumes(cluster: dict[str, str], tmp_path: Path) -> None:
+    """A train job of the workflow gets SLURM's SIGTERM during training (``scancel --signal=TERM``,
+    what the profile's ``--signal=TERM@300`` sends before the time limit): it saves a checkpoint at
+    its step and fails; the profile's ``retries`` resubmit it and the new job resumes at that step.
+    Two training processes, which must agree on the step to stop at."""
+    results = tmp_path / "results"
+    _train_inputs(results)
+    env = {**cluster, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{cluster['PATH']}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RREDCOT_INVOCATION", None)
+    steps, save_every = 8, 5
+    overlay = tmp_path / "preempt.yaml"
+    settings = {
+        "results_dir": str(results),
+        "distributed": {"cpu_processes": 2},
+        "threads": {"train": 1},
+        "rl": {"max_steps": steps, "save_every": save_every},
+    }
+    overlay.write_text(yaml.safe_dump(settings))
+    target = results / "train" / "grpo" / "seed0" / "curve.csv"
+    logs = tmp_path / "slurm-logs"
+    cmd = [
+        *(sys.executable, "-m", "snakemake"),
+        *("--workflow-profile", str(local_profile(tmp_path))),
+        *("--configfile", "config/smoke.yaml", str(overlay)),
+        *("--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1"),
+        *("--slurm-logdir", str(logs), "--slurm-keep-successful-logs", str(target)),
+    ]
+    out, err = tmp_path / "snakemake.out", tmp_path / "snakemake.err"
+    with out.open("w") as fout, err.open("w") as ferr:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=fout, stderr=ferr, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        try:
+            metrics = target.parent / "metrics.jsonl"
+            deadline = time.monotonic() + HANG_SECONDS
+            while not (metrics.exists() and '"step": 1,' in metrics.read_text()):
+                assert proc.poll() is None, err.read_text()[-3000:]
+                assert time.monotonic() < deadline, f"training did not reach step 1 in {HANG_SECONDS}s"
+                time.sleep(0.2)
+            queued = subprocess.run(
+                ["squeue", "-h", "-o", "%i|%k"], env=cluster, capture_output=True, text=True, check=True
+            ).stdout.split()
+            (job,) = [line.split("|")[0] for line in queued if line.split("|")[1].startswith("rule_train")]
+            subprocess.run(["scancel", "--signal=TERM", job], env=cluster, check=True)
+            proc.wait(timeout=HANG_SECONDS)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    log = out.read_text() + err.read_text()
+    assert proc.returncode == 0, log[-6000:]
+
+    run_id = re.search(r"SLURM run ID: (\S+)", log)
+    assert run_id, log[-3000:]
+    train = [j for j in sacct_jobs(cluster, run_id.group(1)) if j["Comment"].startswith("rule_train")]
+    # The signalled job failed (the stage exited 75) and its resubmission completed.
+    assert [(j["JobID"] == job, j["State"]) for j in train] == [(True, "FAILED"), (False, "COMPLETED")], train
+    first = (logs / "rule_train" / "grpo_0" / f"{job}.log").read_text()
+    assert "returned non-zero exit status 75" in first, first[-3000:]  # stopped at a checkpoint
+    train_log = (results / "logs" / "train" / "grpo" / "seed0.log").read_text()  # the second job's
+    resumed = int(re.search(r"resuming from checkpoint-(\d+)", train_log).group(1))
+    assert 2 <= resumed < steps and resumed != save_every, train_log[-3000:]  # the signalled step
+    print(f"signalled during step {resumed} (SLURM job {job}); resumed there")
+    probed = [int(s) for s in re.findall(r"\[train\] step (\d+):", train_log)]
+    assert probed == list(range(resumed + 1, steps + 1))
+    assert target.exists() and (target.parent / "model" / "model.safetensors").exists()
+
+    client = MlflowClient(f"sqlite:///{results}/mlflow.db")
+    exp = client.get_experiment_by_name("rredcot-smoke")
+    (run,) = client.search_runs([exp.experiment_id], "tags.`rredcot.rule` = 'train'")
+    assert run.info.status == "FINISHED" and run.data.tags["rredcot.attempt"] == "2"
+    assert run.data.tags["rredcot.resumed_from"] == f"checkpoint-{resumed}"
+    for key, first in (("heldout_greedy_accuracy", 0), ("loss", 1)):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert sorted(m.step for m in history) == list(range(first, steps + 1)), key  # each step once
 
 
 def _vllm_job_inputs(tmp_path: Path) -> tuple[Path, Path, Path]:

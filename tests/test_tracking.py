@@ -130,6 +130,7 @@ def check_invocation(client: MlflowClient, n: int, invocation: str) -> None:
         assert run.info.status == "FINISHED"
         tags = run.data.tags
         assert tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert tags.pop("rredcot.journal").startswith(f"job-{i}-")  # the job's journal (its delivery)
         ours = {k: v for k, v in tags.items() if k.startswith("rredcot.") or k == "extra"}
         assert ours == {
             "rredcot.rule": "train_grpo",
@@ -249,6 +250,33 @@ def test_uri_invocation_and_params(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     flat = flatten_params({"a": {"b": {"c": 1}, "d": None}, "e": {}, "long": "x" * 10_000})
     assert flat == {"a.b.c": "1", "a.d": "None", "e": "{}", "long": "x" * MAX_PARAM_VAL_LENGTH}
+
+
+def test_flatten_params_redacts_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token in params (a free-form part of the config, a URL, a stage's arguments), under a key
+    that names a secret or as the environment's hub token or tracking password, is never logged."""
+    monkeypatch.setenv("HF_TOKEN", "hf_environment_token_1234")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "tracking-password-5678")
+    spec = {"path": "gsm8k", "token": "hf_in_config", "hub_token": "x" * 12}
+    spec["storage_options"] = {"api_key": 1}
+    flat = flatten_params(
+        {
+            "data": {"train": spec, "url": "https://u:tracking-password-5678@host/x"},
+            "args": ["--token", "hf_environment_token_1234"],
+            "eval": {"max_new_tokens": 64, "pad_token_id": 0, "secret_sauce": "kept"},
+        }
+    )
+    assert flat == {
+        "data.train.path": "gsm8k",
+        "data.train.token": "[redacted]",
+        "data.train.hub_token": "[redacted]",
+        "data.train.storage_options.api_key": "[redacted]",
+        "data.url": "[redacted]",
+        "args": "[redacted]",
+        "eval.max_new_tokens": "64",
+        "eval.pad_token_id": "0",
+        "eval.secret_sauce": "kept",
+    }
 
 
 def test_cli(store: Path, sqlite_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,9 +6,11 @@ The workflow runs once per module (the ``smoke`` fixture); each test checks one 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +40,20 @@ ARMS = [
 ]
 
 
+# Credentials in the environment of every workflow run here, unique to this test session: a hub token
+# and tracking credentials as a cluster job holds them. None may land in the results.
+SECRETS = {
+    name: f"{name.lower()}-{secrets.token_hex(16)}"
+    for name in (
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_PASSWORD",
+        "MLFLOW_TRACKING_TOKEN",
+    )
+}
+
+
 def _run(
     args: list[str], results: Path, overlay: Path | None = None, watched: bool = False
 ) -> subprocess.CompletedProcess:
@@ -46,6 +62,7 @@ def _run(
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("RREDCOT_INVOCATION", None)
+    env.update(SECRETS)  # scanned for in the smoke run's results (test_no_secret_in_results)
     configs = ["config/smoke.yaml", *([str(overlay)] if overlay else [])]
     cmd = [*SNAKEMAKE, "--configfile", *configs, "--config", f"results_dir={results}", *args]
     if watched:
@@ -279,6 +296,23 @@ def test_logs_and_benchmarks(smoke: Path) -> None:
         assert (smoke / "logs" / f"{log}.log").stat().st_size > 0, log
     assert (smoke / "benchmarks" / "sft.tsv").exists()
     assert (smoke / "benchmarks" / "train" / "grpo" / "seed1.tsv").exists()
+
+
+@pytest.mark.slow
+def test_no_secret_in_results(smoke: Path) -> None:
+    """The hub token and tracking credentials the jobs had in their environment are nowhere in the
+    results: not in the MLflow store (params, tags), artifacts, logs, journals or any other file
+    (also not as the basic-auth header a request would carry)."""
+    basic = f"{SECRETS['MLFLOW_TRACKING_USERNAME']}:{SECRETS['MLFLOW_TRACKING_PASSWORD']}"
+    needles = {**SECRETS, "basic-auth header": base64.b64encode(basic.encode()).decode()}
+    files = [path for path in smoke.rglob("*") if path.is_file()]
+    assert smoke / "mlflow.db" in files and any(path.suffix == ".log" for path in files)
+    found = []
+    for path in files:
+        content = path.read_bytes()
+        hits = [name for name, value in needles.items() if value.encode() in content]
+        found += [f"{name} in {path.relative_to(smoke)}" for name in hits]
+    assert not found, found
 
 
 @pytest.mark.slow

@@ -23,6 +23,8 @@ rule train:
         # Not an output: Snakemake deletes a failed job's outputs, and a rerun resumes from these.
         checkpoints=lambda wc: f"{R}/checkpoints/train/{wc.arm}/seed{wc.seed}",
     shell:
-        "rredcot launch train --config {params.cfg} --arm {wildcards.arm} --seed {wildcards.seed}"
+        # exec: the launcher replaces the job's shell, which would end on SLURM's SIGTERM before the
+        # stage saves its checkpoint (docs/SLURM.md, "Preemption and time limits").
+        "exec rredcot launch train --config {params.cfg} --arm {wildcards.arm} --seed {wildcards.seed}"
         " --model {params.model} --data {input.data} --eval-data {input.heldout}"
         " --out {params.out} --checkpoint-dir {params.checkpoints} > {log} 2>&1"

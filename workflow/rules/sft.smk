@@ -18,5 +18,7 @@ rule sft:
         # Not an output: Snakemake deletes a failed job's outputs, and a rerun resumes from these.
         checkpoints=f"{R}/checkpoints/sft",
     shell:
-        "rredcot launch sft --config {params.cfg} --data {input} --out {output}"
+        # exec: the launcher replaces the job's shell, which would end on SLURM's SIGTERM before the
+        # stage saves its checkpoint (docs/SLURM.md, "Preemption and time limits").
+        "exec rredcot launch sft --config {params.cfg} --data {input} --out {output}"
         " --checkpoint-dir {params.checkpoints} > {log} 2>&1"

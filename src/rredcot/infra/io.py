@@ -73,6 +73,30 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     _fsync_dir(target.parent)
 
 
+def fsync_tree(directory: str | os.PathLike[str]) -> dict[str, int]:
+    """Flush every file under ``directory`` and the folders themselves to disk; return each file's
+    size in bytes by its path relative to ``directory`` (POSIX separators), read from the open file.
+
+    For folders that other code wrote (a Trainer checkpoint): after this, a crash can no longer turn
+    them into shorter or zero-filled files, so what is recorded about them afterwards stays true.
+    """
+    root = Path(directory)
+    sizes: dict[str, int] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(files):
+            path = Path(folder) / name
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                sizes[path.relative_to(root).as_posix()] = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(folder))
+    _fsync_dir(root.parent)
+    return sizes
+
+
 def _fsync_dir(directory: Path) -> None:
     """Persist the directory entry created by the rename (a no-op where directories can't be opened)."""
     try:

@@ -28,6 +28,15 @@ reopened (RUNNING again, ``rredcot.attempt`` counted up) and moved under this in
 and the old parent is finished once none of its jobs runs. A run that is gone (deleted, or in another
 store) is replaced by a new one tagged ``rredcot.previous_run``.
 
+Tracking never costs a job: what a job logs goes to its journal first (:mod:`rredcot.infra.journal`,
+``<results_dir>/journal/``) and a courier thread delivers it, in order, whenever the store answers;
+all the store calls above (run, parent, reopen, end) happen in that delivery. A job started while the
+store is down runs to the end; its run is created when the store is first reached, found by its tag
+``rredcot.journal`` so that it is never created twice. At the end the job waits at most
+``tracking.flush_timeout_s`` for delivery, then warns what is pending; ``rredcot tracking sync``
+delivers it later. MLflow's own HTTP retries (minutes by default) are cut to 2 tries of
+``tracking.request_timeout_s`` each unless ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``_TIMEOUT`` are set.
+
 A sqlite URL option ``?timeout=60`` is accepted by MLflow 3.17, but it does not help: MLflow sets
 ``PRAGMA busy_timeout = 20000`` on every session, overriding it. We therefore keep the plain URL.
 """
@@ -41,18 +50,22 @@ import os
 import random
 import re
 import secrets
+import shlex
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import sqlalchemy.exc
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
+
+from rredcot.infra.journal import Courier, Journal, new_journal_id
+from rredcot.infra.stopping import PREEMPTED_EXIT
 
 INVOCATION_ENV = "RREDCOT_INVOCATION"
 TAG_PREFIX = "rredcot."
@@ -138,12 +151,23 @@ logging.getLogger("mlflow.store.db.utils").addFilter(_DropLockNoise())
 
 # ---------------------------------------------------------------------------------------- params
 def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Flatten nested mappings to ``a.b.c`` keys with string values cut to MLflow's length limit."""
+    """Flatten nested mappings to ``a.b.c`` keys with string values cut to MLflow's length limit.
+
+    A secret never becomes a param: the value under a key that names one (``token``, ``hub_token``,
+    ``password``, ``secret``, ``api_key``, ...) and a value holding the hub token or the tracking
+    password of this process's environment are logged as ``[redacted]``. Params are what anyone who
+    may read a run sees; a token could reach them through a free-form part of the config (an arm's
+    ``credit_options``), a URL with credentials, or a stage that logs its arguments."""
+    known = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+    held = [v for v in (os.environ.get(n, "") for n in known) if len(v) >= 8]  # not short ones like "x"
+    secret_key = re.compile(r"(?:^|_)(?:token|password|passwd|secret|api_?key|credentials?)$", re.I)
     flat: dict[str, str] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping) and value:
             flat.update(flatten_params(value, f"{name}."))
+        elif secret_key.search(str(key)) or any(s in str(value) for s in held):
+            flat[name] = "[redacted]"
         else:
             flat[name] = str(value)[:MAX_PARAM_VAL_LENGTH]
     return flat
@@ -166,13 +190,32 @@ def metric_name(key: str) -> str:
 
 
 class JobRun:
-    """One job's MLflow run. Every call names ``run_id`` explicitly and never touches the fluent
-    active-run stack, so a training library that uses ``mlflow.start_run`` can't redirect our logging."""
+    """One job's MLflow run, written through the job's journal (:mod:`rredcot.infra.journal`).
 
-    def __init__(self, client: MlflowClient, run_id: str) -> None:
-        self.client = client
-        self.run_id = run_id
+    Each call appends a record to the journal and returns: the courier thread delivers it to the
+    store when the store answers. Delivery names the run explicitly and never touches the fluent
+    active-run stack, so a training library that uses ``mlflow.start_run`` can't redirect our logging.
+    Without a courier (``courier=None``) records wait in the journal for ``rredcot tracking sync``."""
+
+    def __init__(self, journal: Journal, courier: Courier | None = None) -> None:
+        self.journal = journal
+        self.courier = courier
         self._skipped: set[str] = set()  # warn once per metric key, not once per step
+
+    @property
+    def journal_id(self) -> str:
+        """The journal's id: what a rerun of the job passes as ``job_run(journal=...)``."""
+        return self.journal.id
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run's id, or None while the store has not been reached."""
+        return self.journal.state().get("run_id")
+
+    def _append(self, record: dict[str, Any]) -> None:
+        self.journal.append(record)
+        if self.courier is not None:
+            self.courier.notify()
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Log one step of metrics in a single batch (step defaults to 0, as in MLflow).
@@ -180,25 +223,18 @@ class JobRun:
         Non-numeric or non-finite values are skipped with a warning (once per key), not logged."""
         batch = self._metrics(metrics, step, int(time.time() * 1000))
         if batch:
-            retry(self.client.log_batch, self.run_id, metrics=batch)
+            self._append({"op": "metrics", "metrics": batch, "tags": {}})
 
     def log_steps(self, rows: Sequence[tuple[int, Mapping[str, Any]]], tags: Mapping[str, Any]) -> None:
-        """Log the metrics of several ``(step, metrics)`` rows, then ``tags``, in few store calls.
+        """Log the metrics of several ``(step, metrics)`` rows, then ``tags``, as one journal record.
 
-        The tags go with the last call, after its metrics, so a tag that records what was logged is
-        never set unless all of it is in the store. The converse does not hold: a call is not one
-        transaction (MLflow's SQL store commits a batch's metrics, then its tags, separately), so a
-        kill can leave the metrics in the store without the tag (:meth:`metric_steps` tells)."""
+        A record is in the journal whole or not at all, and it is delivered with the tags after its
+        metrics, so a tag that records what was logged is never set unless all of it is in the store."""
         now = int(time.time() * 1000)
         batch = [m for step, metrics in rows for m in self._metrics(metrics, step, now)]
-        tag_batch = [RunTag(k, str(v)[:MAX_TAG_VAL_LENGTH]) for k, v in tags.items()]
-        room = MAX_METRICS_PER_BATCH - len(tag_batch)  # MLflow caps the entities of one call
-        while len(batch) > room:
-            retry(self.client.log_batch, self.run_id, metrics=batch[:room])
-            batch = batch[room:]
-        retry(self.client.log_batch, self.run_id, metrics=batch, tags=tag_batch)
+        self._append({"op": "metrics", "metrics": batch, "tags": _tag_values(tags)})
 
-    def _metrics(self, metrics: Mapping[str, Any], step: int | None, now: int) -> list[Metric]:
+    def _metrics(self, metrics: Mapping[str, Any], step: int | None, now: int) -> list[list[Any]]:
         batch = []
         for key, value in metrics.items():
             number = _as_metric(value)
@@ -207,33 +243,42 @@ class JobRun:
                     self._skipped.add(key)
                     _log.warning("skipping metric %r=%r (step %s): not a finite number", key, value, step)
                 continue
-            batch.append(Metric(metric_name(key), number, now, step or 0))
+            batch.append([metric_name(key), number, now, step or 0])
         return batch
 
     def metric_steps(self) -> dict[str, set[int]]:
-        """The steps the run has of each metric (by its MLflow name), as they are in the store."""
-        keys = retry(self.client.get_run, self.run_id).data.metrics
-        return {k: {m.step for m in retry(self.client.get_metric_history, self.run_id, k)} for k in keys}
+        """The steps the run has of each metric (by its MLflow name), as the journal has them: logged,
+        delivered or not. Needs no store."""
+        steps: dict[str, set[int]] = {}
+        for record in self.journal.records():
+            if record["op"] == "metrics":
+                for key, _value, _time, step in record["metrics"]:
+                    steps.setdefault(key, set()).add(step)
+        return steps
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        """Log (flattened) params. MLflow params are write-once: re-logging a key needs the same value."""
+        """Log (flattened) params. MLflow params are write-once: a key the run has keeps its value."""
         flat = flatten_params(params)
         if flat:
-            retry(self.client.log_batch, self.run_id, params=[Param(k, v) for k, v in flat.items()])
+            self._append({"op": "params", "params": flat})
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         """Set tags (values stringified and cut to MLflow's limit)."""
-        batch = [RunTag(k, str(v)[:MAX_TAG_VAL_LENGTH]) for k, v in tags.items()]
-        if batch:
-            retry(self.client.log_batch, self.run_id, tags=batch)
+        if tags:
+            self._append({"op": "tags", "tags": _tag_values(tags)})
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        """Copy one file into the run's artifacts (optionally under ``artifact_path``)."""
-        retry(self.client.log_artifact, self.run_id, str(path), artifact_path)
+        """Copy one file into the run's artifacts (optionally under ``artifact_path``), as it is now."""
+        self._append({"op": "artifact", "file": self.journal.keep(path), "artifact_path": artifact_path})
 
     def log_artifacts(self, directory: str | Path, artifact_path: str | None = None) -> None:
-        """Copy a directory's contents into the run's artifacts."""
-        retry(self.client.log_artifacts, self.run_id, str(directory), artifact_path)
+        """Copy a directory's contents into the run's artifacts, as they are now."""
+        kept = self.journal.keep(directory)
+        self._append({"op": "artifacts", "dir": kept, "artifact_path": artifact_path})
+
+
+def _tag_values(tags: Mapping[str, Any]) -> dict[str, str]:
+    return {k: str(v)[:MAX_TAG_VAL_LENGTH] for k, v in tags.items()}
 
 
 # ---------------------------------------------------------------------------------- experiment/runs
@@ -272,13 +317,13 @@ def _find_parent(client: MlflowClient, exp_id: str, invocation: str) -> str | No
     return runs[0].info.run_id if runs else None
 
 
-def _create_parent(client: MlflowClient, exp_id: str, invocation: str) -> str:
+def _create_parent(client: MlflowClient, exp_id: str, invocation: str, start_time: int | None = None) -> str:
     tags = {f"{TAG_PREFIX}invocation": invocation, f"{TAG_PREFIX}kind": "invocation"}
-    run = retry(client.create_run, exp_id, run_name=f"invocation-{invocation}", tags=tags)
+    run = retry(client.create_run, exp_id, start_time, tags, f"invocation-{invocation}")
     return run.info.run_id
 
 
-def _claim_parent(client: MlflowClient, exp_id: str, invocation: str) -> str:
+def _claim_parent(client: MlflowClient, exp_id: str, invocation: str, start_time: int | None = None) -> str:
     """Find or create the parent run on a shared server, race-free via a unique marker experiment."""
     deadline = time.monotonic() + CLAIM_WAIT_SECONDS
     while time.monotonic() < deadline:
@@ -291,18 +336,12 @@ def _claim_parent(client: MlflowClient, exp_id: str, invocation: str) -> str:
                 raise
             time.sleep(random.uniform(0.2, 0.6))  # another job holds the claim: wait for its parent
             continue
-        parent = _create_parent(client, exp_id, invocation)
+        parent = _create_parent(client, exp_id, invocation, start_time)
         retry(client.delete_experiment, marker)  # hide the marker; its name stays reserved
         return parent
     # The claimant died before creating the parent; a duplicate beats blocking the workflow.
     _log.warning("no parent run appeared for invocation %s; creating one", invocation)
-    return _find_parent(client, exp_id, invocation) or _create_parent(client, exp_id, invocation)
-
-
-def _end(client: MlflowClient, exp_id: str, run_id: str, parent_id: str, status: str) -> None:
-    """End the job run, then mark the parent FINISHED unless a sibling is still running."""
-    retry(client.set_terminated, run_id, status)
-    _finish_if_idle(client, exp_id, parent_id)
+    return _find_parent(client, exp_id, invocation) or _create_parent(client, exp_id, invocation, start_time)
 
 
 def _finish_if_idle(client: MlflowClient, exp_id: str, parent_id: str) -> None:
@@ -316,11 +355,13 @@ def _finish_if_idle(client: MlflowClient, exp_id: str, parent_id: str) -> None:
         retry(client.set_terminated, parent_id, "FINISHED")
 
 
-def _reopen(client: MlflowClient, exp_id: str, run_id: str, tags: dict[str, str]) -> dict[str, str] | None:
+def _reopen(
+    client: MlflowClient, exp_id: str, run_id: str, tags: dict[str, str], attempt: int | None = None
+) -> dict[str, str] | None:
     """Reopen the run of an earlier attempt of this job under this invocation's parent run.
 
-    Returns the params the run already has, or None when it can't be continued (deleted, or not in
-    this experiment and store)."""
+    ``attempt``: the attempt's number (default: the run's count plus one). Returns the params the run
+    already has, or None when it can't be continued (deleted, or not in this experiment and store)."""
     try:
         old = retry(client.get_run, run_id)
     except MlflowException as exc:
@@ -329,7 +370,9 @@ def _reopen(client: MlflowClient, exp_id: str, run_id: str, tags: dict[str, str]
     if old.info.lifecycle_stage != "active" or old.info.experiment_id != exp_id:
         return None
     before = old.data.tags
-    tags = {**tags, f"{TAG_PREFIX}attempt": str(int(before.get(f"{TAG_PREFIX}attempt", "1")) + 1)}
+    if attempt is None:
+        attempt = int(before.get(f"{TAG_PREFIX}attempt", "1")) + 1
+    tags = {**tags, f"{TAG_PREFIX}attempt": str(attempt)}
     if before.get(f"{TAG_PREFIX}invocation") not in (None, tags[f"{TAG_PREFIX}invocation"]):
         tags[f"{TAG_PREFIX}previous_invocation"] = before[f"{TAG_PREFIX}invocation"]
     retry(client.update_run, run_id, status="RUNNING")  # a killed attempt left it RUNNING or FAILED
@@ -338,6 +381,119 @@ def _reopen(client: MlflowClient, exp_id: str, run_id: str, tags: dict[str, str]
     if old_parent and old_parent != tags[PARENT_TAG]:
         _finish_if_idle(client, exp_id, old_parent)  # the killed invocation may have nothing left running
     return dict(old.data.params)
+
+
+# -------------------------------------------------------------------------------------- delivery
+JOURNAL_TAG = f"{TAG_PREFIX}journal"
+FLUSH_TIMEOUT_S = 60.0
+"""The config's ``tracking.flush_timeout_s`` default, for jobs that call :func:`job_run` directly."""
+REQUEST_TIMEOUT_S = 10.0
+"""The config's ``tracking.request_timeout_s`` default, likewise."""
+_clients: dict[str, MlflowClient] = {}
+
+
+def _client(uri: str) -> MlflowClient:
+    """One client per store and process (creating one for a fresh sqlite file migrates it)."""
+    if uri not in _clients:
+        db = sqlite_path(uri)
+        with _file_lock(db.with_name(db.name + ".lock")) if db else nullcontext():
+            _clients[uri] = retry(MlflowClient, uri)
+    return _clients[uri]
+
+
+def _start(journal: Journal, record: dict[str, Any], state: dict[str, Any]) -> None:
+    """Find or create the run of a journal's start record, under its invocation's parent run.
+
+    The run is found by the journal's tag before one is created, so a delivery cut short between
+    creating the run and saving the state doesn't create a second one."""
+    uri, invocation = record["uri"], record["invocation"]
+    if state.get("uri") != uri:  # another store than an earlier attempt's: find the run there afresh
+        state.update(uri=uri, run_id=None, base_attempt=None)
+    client = _client(uri)
+    db = sqlite_path(uri)
+    # Runs get the times the job logged, however late they are delivered; the invocation's parent
+    # starts just before the job that creates it.
+    began = record["time"] - 1
+    with _file_lock(db.with_name(db.name + ".lock")) if db else nullcontext():
+        exp_id = _experiment_id(client, record["experiment"], record["artifacts"])
+        if db:  # the lock makes search-then-create atomic among the processes of this machine
+            parent_id = _find_parent(client, exp_id, invocation) or _create_parent(
+                client, exp_id, invocation, began
+            )
+    if not db:
+        parent_id = _claim_parent(client, exp_id, invocation, began)
+    tags = {PARENT_TAG: parent_id, **record["tags"], JOURNAL_TAG: journal.id}
+    run_id = state.get("run_id")
+    if run_id is None:
+        found = retry(client.search_runs, [exp_id], f"tags.`{JOURNAL_TAG}` = '{journal.id}'", max_results=1)
+        run_id = found[0].info.run_id if found else None
+    previous = None
+    if run_id is not None and record["attempt"] > 1:  # a rerun of the job that continues this journal
+        attempt = (state.get("base_attempt") or 1) + record["attempt"] - 1
+        if _reopen(client, exp_id, run_id, tags, attempt) is None:  # deleted meanwhile
+            previous, run_id = run_id, None
+    elif run_id is not None:  # the start delivered again after a delivery cut short
+        retry(client.log_batch, run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    elif (previous := record.get("resume")) and _reopen(client, exp_id, previous, tags) is not None:
+        run_id = previous
+        attempt = retry(client.get_run, previous).data.tags.get(f"{TAG_PREFIX}attempt", "1")
+        state["base_attempt"] = int(attempt) - record["attempt"] + 1
+    if run_id is None:
+        if previous:
+            tags[f"{TAG_PREFIX}previous_run"] = previous
+        run_id = retry(client.create_run, exp_id, record["time"], tags, record["name"]).info.run_id
+        state["base_attempt"] = 2 - record["attempt"]  # so that a later start record counts 2, 3, ...
+    state.update(run_id=run_id, experiment_id=exp_id, parent_id=parent_id)
+    retry(client.update_run, parent_id, status="RUNNING")  # after our run exists: its end finishes the parent
+
+
+def deliver_record(journal: Journal, record: dict[str, Any], state: dict[str, Any]) -> None:
+    """Deliver one journal record to the store; harmless when repeated (a delivery cut short is)."""
+    op = record["op"]
+    if op == "start":
+        return _start(journal, record, state)
+    client, run_id = _client(state["uri"]), state["run_id"]
+    if op == "metrics":
+        # Each value keeps the time it was logged at: MLflow's SQL store drops a metric equal in key,
+        # value, time and step to one it has, so a repeated batch adds nothing.
+        batch = [Metric(k, v, t, step) for k, v, t, step in record["metrics"]]
+        tag_batch = [RunTag(k, v) for k, v in record["tags"].items()]
+        room = MAX_METRICS_PER_BATCH - len(tag_batch)  # MLflow caps the entities of one call
+        while len(batch) > room:
+            retry(client.log_batch, run_id, metrics=batch[:room])
+            batch = batch[room:]
+        retry(client.log_batch, run_id, metrics=batch, tags=tag_batch)
+    elif op == "params":  # write-once: keys the run has (an earlier attempt's) keep their values
+        have = retry(client.get_run, run_id).data.params
+        new = [Param(k, v) for k, v in record["params"].items() if k not in have]
+        for i in range(0, len(new), 100):  # MLflow's cap on the params of one call
+            retry(client.log_batch, run_id, params=new[i : i + 100])
+    elif op == "tags":
+        retry(client.log_batch, run_id, tags=[RunTag(k, v) for k, v in record["tags"].items()])
+    elif op == "artifact":
+        retry(client.log_artifact, run_id, str(journal.kept(record["file"])), record["artifact_path"])
+    elif op == "artifacts":
+        retry(client.log_artifacts, run_id, str(journal.kept(record["dir"])), record["artifact_path"])
+    elif op == "end":
+        retry(client.set_terminated, run_id, record["status"], record["time"])
+        _finish_if_idle(client, state["experiment_id"], state["parent_id"])
+    else:
+        raise ValueError(f"{journal.path}: unknown record {op!r}")
+    return None
+
+
+def pending_summary(records: Sequence[Mapping[str, Any]]) -> str:
+    """``N records (M metric values, K artifacts)``: what a list of journal records holds."""
+    values = sum(len(r["metrics"]) for r in records if r["op"] == "metrics")
+    files = sum(1 for r in records if r["op"] in ("artifact", "artifacts"))
+    return f"{len(records)} records ({values} metric values, {files} artifacts)"
+
+
+def _limit_http_retries(request_timeout_s: float) -> None:
+    """MLflow's own HTTP retries last minutes by default; the courier retries instead. A user's own
+    ``MLFLOW_HTTP_REQUEST_*`` values win."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(math.ceil(request_timeout_s))))
 
 
 @contextmanager
@@ -352,13 +508,64 @@ def job_run(
     arm: str | None = None,
     seed: int | None = None,
     resume: str | None = None,
+    journal: str | None = None,
+    flush_timeout_s: float = FLUSH_TIMEOUT_S,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
 ) -> Iterator[JobRun]:
     """Run the block as one MLflow run named ``name``, nested under this invocation's parent run.
 
-    The run ends FINISHED if the block succeeds, FAILED if it raises (KILLED on Ctrl-C); the exception
-    propagates. ``params`` are logged flattened; ``tags`` are added to the ``rredcot.*`` tags.
-    ``resume``: the run id of an earlier attempt of this job, reopened if possible (module docstring).
+    The run ends FINISHED if the block succeeds, FAILED if it raises (KILLED if it was stopped from
+    outside: :func:`stopped_from_outside`); the exception propagates. ``params`` are logged
+    flattened; ``tags`` are added to the ``rredcot.*`` tags.
+    Everything goes through the job's journal (:mod:`rredcot.infra.journal`): the block never waits on
+    the store, and at its end the job waits up to ``flush_timeout_s`` for delivery, then warns what is
+    left for ``rredcot tracking sync``. ``journal``: the journal of an earlier attempt of this job,
+    continued (its run reopened); ``resume``: the run id of an earlier attempt, reopened if possible
+    when there is no such journal (module docstring).
     """
+    _limit_http_retries(request_timeout_s)
+    book = start_journal(
+        name, results_dir=results_dir, experiment=experiment, rule=rule, tags=tags, arm=arm, seed=seed,
+        resume=resume, journal=journal,
+    )  # fmt: skip
+    uri = book.records()[-1]["uri"]
+    courier = Courier(book, deliver_record, uri)
+    courier.try_once()  # a store that answers has the run before the job starts; else the job goes on
+    run = JobRun(book, courier.start())
+    status = "FINISHED"
+    try:
+        if params:
+            run.log_params(params)
+        yield run
+    except BaseException as exc:
+        status = "KILLED" if stopped_from_outside(exc) else "FAILED"
+        raise
+    finally:
+        _finish(book, courier, status, flush_timeout_s, results_dir)
+
+
+def stopped_from_outside(exc: BaseException) -> bool:
+    """Whether a job ended by ``exc`` was stopped from outside rather than failed: Ctrl-C, or an exit
+    with :data:`rredcot.infra.stopping.PREEMPTED_EXIT` (75), the status of a job that stopped at a
+    checkpoint on SLURM's signal before preemption or the time limit."""
+    return isinstance(exc, KeyboardInterrupt) or (isinstance(exc, SystemExit) and exc.code == PREEMPTED_EXIT)
+
+
+def start_journal(
+    name: str,
+    *,
+    results_dir: str | Path,
+    experiment: str,
+    rule: str,
+    tags: Mapping[str, Any] | None = None,
+    arm: str | None = None,
+    seed: int | None = None,
+    resume: str | None = None,
+    journal: str | None = None,
+) -> Journal:
+    """Open a job's journal (``journal``, an earlier attempt's, if it is there and free, else a new
+    one) and append the start of its run; the job holds it until it closes it. :func:`job_run`'s
+    first step, without the courier: what is logged to it waits for :func:`deliver_record`."""
     uri = tracking_uri(results_dir)
     invocation = invocation_id()
     if not _SAFE_ID.fullmatch(invocation):  # it is quoted into search filters
@@ -366,43 +573,56 @@ def job_run(
     db = sqlite_path(uri)
     # Next to the database, one folder per experiment, so results_dir holds everything of a run.
     artifacts = (db.parent / "mlartifacts" / re.sub(r"[^\w.-]", "_", experiment)).as_uri() if db else None
-    with _file_lock(db.with_name(db.name + ".lock")) if db else nullcontext():
-        client = retry(MlflowClient, uri)  # creating the store migrates a fresh database
-        exp_id = _experiment_id(client, experiment, artifacts)
-        if db:  # the lock makes search-then-create atomic among the processes of this machine
-            parent_id = _find_parent(client, exp_id, invocation) or _create_parent(client, exp_id, invocation)
-    if not db:
-        parent_id = _claim_parent(client, exp_id, invocation)
-
+    book = _open_journal(results_dir, name, journal)
+    attempt = 1 + sum(1 for r in book.records() if r["op"] == "start")
     run_tags = {
-        PARENT_TAG: parent_id,
         f"{TAG_PREFIX}kind": "job",
         f"{TAG_PREFIX}invocation": invocation,
         f"{TAG_PREFIX}rule": rule,
         **({f"{TAG_PREFIX}arm": arm} if arm is not None else {}),
         **({f"{TAG_PREFIX}seed": str(seed)} if seed is not None else {}),
-        **{k: str(v)[:MAX_TAG_VAL_LENGTH] for k, v in (tags or {}).items()},
+        **_tag_values(tags or {}),
     }
-    known = _reopen(client, exp_id, resume, run_tags) if resume else None
-    if known is not None:
-        run = JobRun(client, resume)
-    else:
-        if resume:
-            run_tags[f"{TAG_PREFIX}previous_run"] = resume
-        run = JobRun(client, retry(client.create_run, exp_id, run_name=name, tags=run_tags).info.run_id)
-    retry(client.update_run, parent_id, status="RUNNING")  # after our run exists: see _end
-    try:
-        if params:  # a reopened run keeps the params it has: MLflow params are write-once
-            run.log_params({k: v for k, v in flatten_params(params).items() if k not in (known or {})})
-        yield run
-    except BaseException as exc:
+    # A password in the URI stays out of the journal: MLflow takes credentials from the environment.
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        uri = urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+    start = {"op": "start", "time": int(time.time() * 1000), "uri": uri, "experiment": experiment}
+    start |= {"artifacts": artifacts, "invocation": invocation, "name": name, "tags": run_tags}
+    book.append({**start, "resume": resume if attempt == 1 else None, "attempt": attempt})
+    return book
+
+
+def _open_journal(results_dir: str | Path, name: str, earlier: str | None) -> Journal:
+    """The earlier attempt's journal if it is there and free, else a new one."""
+    if earlier and (book := Journal.at(results_dir, earlier)).exists():
         try:
-            status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-            _end(client, exp_id, run.run_id, parent_id, status)
-        except Exception:  # never mask the job's own error with a tracking error
-            _log.exception("could not mark run %s as failed", run.run_id)
-        raise
-    _end(client, exp_id, run.run_id, parent_id, "FINISHED")
+            return book.open()
+        except BlockingIOError:
+            _log.warning("journal %s is held by a running job; this job starts a new one", book.path)
+    return Journal.at(results_dir, new_journal_id(name)).open()
+
+
+def _finish(book: Journal, courier: Courier, status: str, timeout: float, results_dir: str | Path) -> None:
+    """Journal the run's end, wait up to ``timeout`` s for delivery, say what is left."""
+    try:
+        book.append({"op": "end", "status": status, "time": int(time.time() * 1000)})
+        left = courier.drain(timeout)
+    except Exception:  # never mask the job's own outcome with a tracking error
+        _log.exception("could not journal the end of the run (%s)", book.path)
+        return
+    finally:
+        book.close()
+    if left:
+        _log.warning(
+            "tracking store %s did not take all of the job's logging in %.0f s: %s are pending in %s; "
+            "deliver them with: rredcot tracking sync --results-dir %s",
+            courier.store,
+            timeout,
+            pending_summary(left),
+            book.path,
+            shlex.quote(str(results_dir)),
+        )
 
 
 def stage_run(
@@ -413,4 +633,5 @@ def stage_run(
     ``active=False`` (the other processes of a multi-process job) gives ``None`` and logs nothing."""
     if not active:
         return nullcontext(None)
-    return job_run(name, results_dir=cfg["results_dir"], experiment=cfg["experiment"], **kwargs)
+    timeouts = {f"{k}_s": cfg["tracking"][f"{k}_s"] for k in ("flush_timeout", "request_timeout")}
+    return job_run(name, results_dir=cfg["results_dir"], experiment=cfg["experiment"], **timeouts, **kwargs)

@@ -533,6 +533,20 @@ def _paper_values() -> dict[str, dict[str, float]]:
 
 
 @dataclass
+class Tracking:
+    """How jobs reach the MLflow store. A job logs to its journal under <results_dir>/journal first
+    and a thread delivers it whenever the store answers, so a store that is down never costs the job
+    (docs/SLURM.md, "Tracking outage"). Neither setting changes what a job computes."""
+
+    flush_timeout_s: float = field(default=60.0, metadata=at_least(0))
+    """At the end of a job, wait at most this many seconds for the store to take what the job logged;
+    what is left is named in a warning and delivered later by `rredcot tracking sync`."""
+    request_timeout_s: float = field(default=10.0, metadata=at_least(1))
+    """Seconds one MLflow HTTP request may take (MLFLOW_HTTP_REQUEST_TIMEOUT, with 2 retries,
+    MLFLOW_HTTP_REQUEST_MAX_RETRIES), unless those variables are set."""
+
+
+@dataclass
 class Report:
     """The comparison tables and figures."""
 
@@ -606,6 +620,8 @@ class ExperimentConfig:
     """The paper's analyses."""
     report: Report = field(default_factory=Report)
     """Tables and figures."""
+    tracking: Tracking = field(default_factory=Tracking)
+    """The MLflow store's reach: waits and timeouts."""
 
     def __post_init__(self) -> None:
         if not self.seeds or any(s < 0 for s in self.seeds):

@@ -31,8 +31,9 @@ from rredcot.method.registry import credit_method
 from rredcot.method.settings import CreditSettings
 from rredcot.settings.config import ConfigError, load_config
 
-# Where MLflow logs and where the outputs go: every stage reads them, none computes with them.
-_LOGGING = ("experiment", "results_dir")
+# Where MLflow logs, how long a job waits for it, where the outputs go: every stage reads them, none
+# computes with them.
+_LOGGING = ("experiment", "results_dir", "tracking")
 # How processes are started and talk to each other; a different port computes the same thing.
 _PORTS = (
     "distributed.main_process_port",

@@ -33,11 +33,13 @@ from rredcot.infra.logs import setup_logging
 from rredcot.infra.resume import (
     SAVE_TOTAL_LIMIT,
     RunLogger,
+    StopOnSignal,
     checkpoint_step,
     discard,
     fingerprint,
     prepare_shared,
     record,
+    stop_on_signal,
 )
 from rredcot.lm.modeling import (
     build_scratch_model,
@@ -150,14 +152,25 @@ def build_sft_trainer(
 
 
 def run_sft(
-    cfg: Mapping[str, Any], data: str, out: Path, run: Any, checkpoints: Path, resume_from: Path | None = None
+    cfg: Mapping[str, Any],
+    data: str,
+    out: Path,
+    run: Any,
+    checkpoints: Path,
+    resume_from: Path | None = None,
+    stop: StopOnSignal | None = None,
 ) -> dict[str, float]:
+    """Fit the SFT model and save it to ``out``; ``stop`` stops at a checkpoint on SLURM's signal
+    (:func:`rredcot.infra.resume.stop_on_signal`), raising before ``out`` is written."""
     rows = read_jsonl(data)
     callback = MetricsCallback(run, hold=cfg["sft"]["save_every"] > 0)
-    trainer = build_sft_trainer(cfg, rows, checkpoints, [callback], resume_from)
+    callbacks = [callback, *([stop] if stop is not None else [])]
+    trainer = build_sft_trainer(cfg, rows, checkpoints, callbacks, resume_from)
     tok, model = trainer.processing_class, trainer.model
     t0 = time.time()
     result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    if stop is not None:
+        stop.check()  # stopped on a signal: the checkpoint is saved, no output is written
     save_model_whole(trainer, tok, out)  # the model appears whole or not at all
     resumed_step = checkpoint_step(resume_from) if resume_from else 0
     return {
@@ -191,18 +204,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     start = prepare_shared(state, checkpoints, digest, s["resume"] and s["save_every"] > 0, "sft")
     if start.checkpoint and main_process:
         _log.info(f"resuming from {start.checkpoint.name}")
-    with stage_run(
-        cfg,
-        "sft",
-        rule="sft",
-        params={"model": cfg["model"], "sft": cfg["sft"], "data": args.data},
-        tags=start.tags,
-        resume=start.run_id,
-        active=main_process,
-    ) as run:
+    # SLURM's signal before preemption or the time limit stops the job at a checkpoint (exit 75).
+    with (
+        stop_on_signal(save=s["save_every"] > 0) as stop,
+        stage_run(
+            cfg,
+            "sft",
+            rule="sft",
+            params={"model": cfg["model"], "sft": cfg["sft"], "data": args.data},
+            tags=start.tags,
+            resume=start.run_id,
+            journal=start.journal,
+            active=main_process,
+        ) as run,
+    ):
         if main_process and s["save_every"] > 0:
-            record(checkpoints, digest, run.run_id)
-        summary = run_sft(cfg, args.data, Path(args.out), run, checkpoints, start.checkpoint)
+            record(checkpoints, digest, run.run_id, run.journal_id)
+        summary = run_sft(cfg, args.data, Path(args.out), run, checkpoints, start.checkpoint, stop)
         if main_process:
             run.log_metrics(summary)
             _log.info(f"{summary}")

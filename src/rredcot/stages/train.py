@@ -41,11 +41,13 @@ from rredcot.infra.io import atomic_path, read_jsonl
 from rredcot.infra.logs import setup_logging
 from rredcot.infra.resume import (
     RunLogger,
+    StopOnSignal,
     checkpoint_step,
     discard,
     fingerprint,
     prepare_shared,
     record,
+    stop_on_signal,
 )
 from rredcot.lm.modeling import load_tokenizer, set_threads
 from rredcot.lm.vllm_engine import prepare_engine
@@ -214,10 +216,13 @@ def train(
     run: Any,
     checkpoints: Path,
     resume_from: Path | None = None,
+    stop: StopOnSignal | None = None,
 ) -> dict[str, float]:
     """Train one arm/seed, checkpointing into ``checkpoints`` (resuming from ``resume_from`` if
     given); returns final summary metrics. ``run`` is the MLflow run on the main process, None on
-    the others."""
+    the others. ``stop`` (:func:`rredcot.infra.resume.stop_on_signal`) stops training at a
+    checkpoint on SLURM's signal and raises :class:`rredcot.infra.resume.Preempted` before any
+    output is written."""
     out.mkdir(parents=True, exist_ok=True)
     random.seed(seed)
     torch.manual_seed(seed)
@@ -244,11 +249,14 @@ def train(
             engines=process_state().num_processes,
         )
     # The start: a resumed Trainer loads the checkpoint's weights over it.
-    trainer = build_trainer(cfg, arm, seed, model_dir, read_jsonl(data), checkpoints, [callback])
+    callbacks = [callback, *([stop] if stop is not None else [])]
+    trainer = build_trainer(cfg, arm, seed, model_dir, read_jsonl(data), checkpoints, callbacks)
     callback.trainer = trainer
     callback.views_dir = out / "credit"
     # The Trainer restores weights, optimizer, scheduler, RNG states and data position (docs/RESUME.md).
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    if stop is not None:
+        stop.check()  # stopped on a signal: the checkpoint is saved, no output is written
     # Outputs appear whole or not at all: a killed job never leaves one that looks finished.
     save_model_whole(trainer, tok, out / "model")
     if trainer.accelerator.is_main_process:
@@ -317,21 +325,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         "rredcot.arm_label": arm_label(cfg, args.arm),
         **start.tags,
     }
-    with stage_run(
-        cfg,
-        f"train-{args.arm}-s{args.seed}",
-        rule="train",
-        arm=args.arm,
-        seed=args.seed,
-        params=params,
-        tags=tags,
-        resume=start.run_id,
-        active=main_process,
-    ) as run:
+    # SLURM's signal before preemption or the time limit stops the job at a checkpoint (exit 75).
+    with (
+        stop_on_signal(save=rl["save_every"] > 0) as stop,
+        stage_run(
+            cfg,
+            f"train-{args.arm}-s{args.seed}",
+            rule="train",
+            arm=args.arm,
+            seed=args.seed,
+            params=params,
+            tags=tags,
+            resume=start.run_id,
+            journal=start.journal,
+            active=main_process,
+        ) as run,
+    ):
         if main_process:
             out.mkdir(parents=True, exist_ok=True)
             if rl["save_every"] > 0:
-                record(checkpoints, digest, run.run_id)
+                record(checkpoints, digest, run.run_id, run.journal_id)
         summary = train(
             cfg,
             args.arm,
@@ -343,6 +356,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             run,
             checkpoints,
             start.checkpoint,
+            stop,
         )
         if main_process:
             run.log_metrics(summary)

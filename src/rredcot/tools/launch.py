@@ -15,8 +15,11 @@ config's ``distributed`` section and the job's environment and then
    named; else ``accelerate launch --config_file C --num_processes N -m rredcot.<stage> ...``, and on
    several nodes one such launcher per node through ``srun``.
 
-The exit status is the stage's. ``--dry-run`` prints the plan and the commands without running them.
-docs/DISTRIBUTED.md describes the layouts and the memory plan.
+The exit status is the stage's. SLURM's signal before preemption or the time limit (SIGTERM or
+SIGUSR1, :data:`rredcot.infra.stopping.STOP_SIGNALS`) does not end the launcher: the stage's processes
+stop at a checkpoint (:class:`rredcot.infra.resume.StopOnSignal`) and the launcher waits for them,
+then exits 75 (:func:`call_until_stopped`). ``--dry-run`` prints the plan and the commands without
+running them. docs/DISTRIBUTED.md describes the layouts and the memory plan.
 """
 
 from __future__ import annotations
@@ -294,6 +297,48 @@ def serving(plan: LaunchPlan, cfg: Mapping[str, Any], log: Path, env: Mapping[st
         _stop(proc)
 
 
+def call_until_stopped(command: Sequence[str], env: Mapping[str, str], forward: bool = True) -> int:
+    """Run the stage's ``command`` to its end, as ``subprocess.call``, through a stop signal.
+
+    A stop signal (SIGTERM, SIGUSR1) to the launcher does not end it: it is passed on to the command
+    as SIGTERM (which ``accelerate launch`` passes on to its processes; SIGUSR1 would end it) and the
+    launcher waits while the stage's processes finish their step, save a checkpoint and exit. The
+    command starts with SIGUSR1 ignored, so that ``accelerate launch`` survives a SIGUSR1 sent to
+    every process of a SLURM job step while the stage's processes (which handle it) act on it.
+    ``forward=False`` (the ``srun`` of a job on several nodes, which would end its step on SIGTERM)
+    only waits: SLURM signals the processes of that step itself. Once stopped on a signal, a failed
+    command gives :data:`rredcot.infra.stopping.PREEMPTED_EXIT`: the job is to be rerun."""
+    from rredcot.infra.stopping import PREEMPTED_EXIT, STOP_SIGNALS
+
+    received: list[int] = []
+    started: list[subprocess.Popen] = []
+
+    def note(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if forward and started and started[0].poll() is None:
+            started[0].send_signal(signal.SIGTERM)
+
+    handlers = {sig: signal.signal(sig, note) for sig in STOP_SIGNALS}
+    try:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # inherited by the command
+        started.append(subprocess.Popen(command, env=env))
+        signal.signal(signal.SIGUSR1, note)
+        if received and forward:  # a signal came while it started
+            started[0].send_signal(signal.SIGTERM)
+        code = started[0].wait()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if received and code != 0:
+        _log.warning(
+            "the stage stopped on %s (exit %d): rerun the job to resume from its checkpoint",
+            signal.Signals(received[0]).name,
+            code,
+        )
+        return PREEMPTED_EXIT
+    return code
+
+
 def run(
     plan: LaunchPlan, cfg: Mapping[str, Any], stage_args: Sequence[str], server_log: Path, dry_run: bool
 ) -> int:
@@ -335,7 +380,7 @@ def run(
         print("stage:", " ".join(command))
         return 0
     with serving(plan, cfg, server_log, env):
-        return subprocess.call(command, env=env)
+        return call_until_stopped(command, env, forward=plan.nodes == 1)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
