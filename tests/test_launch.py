@@ -111,9 +111,10 @@ def test_the_node_count_must_match_the_job():
 # The stage, stood in for by a process that reports how it starts and, on SIGTERM, stops as a
 # training process does (after a moment, with a failure code).
 _STAGE = """
-import signal, sys, time
+import os, signal, sys, time
 ignored = signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
-signal.signal(signal.SIGTERM, lambda *a: (print("term", flush=True), time.sleep(0.5), sys.exit(3)))
+# os.write, not print: the signal may come while print still holds stdout's buffer (reentrant call)
+signal.signal(signal.SIGTERM, lambda *a: (os.write(1, b"term\\n"), time.sleep(0.5), sys.exit(3)))
 print("usr1-ignored" if ignored else "usr1-default", flush=True)
 time.sleep(60)
 sys.exit(0)

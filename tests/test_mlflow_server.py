@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import base64
 import configparser
-import contextlib
 import os
 import re
-import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -23,6 +20,7 @@ import pytest
 from hangs import HANG_SECONDS
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
+from tracking_server import serve
 
 from rredcot.tools.tracking import JOBS_USER, auth_paths, main, prepare_auth, read_env_file
 
@@ -58,12 +56,6 @@ WORKER = WORKER.replace("RUNS_PER_JOB", str(RUNS_PER_JOB)).replace("STEPS", str(
 WORKER = WORKER.replace("HANG_SECONDS", str(HANG_SECONDS))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_print_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     results = tmp_path / "results"
     assert main(["server", "--results-dir", str(results), "--port", "5123", "--print-only"]) == 0
@@ -83,41 +75,6 @@ def test_print_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert f"{uri.group(1)}:*" in out.split("--allowed-hosts", 1)[1]
     assert "--app-name basic-auth" in out  # other nodes get in only with a user and password
     assert not results.exists()  # the credentials are made when the server starts, not printed
-
-
-@contextlib.contextmanager
-def serve(tmp_path: Path, *options: str) -> Iterator[tuple[str, Path, subprocess.Popen]]:
-    """A tracking server started with `rredcot tracking server [options]` (perhaps still booting);
-    its URI, results dir and process. Stopped, with all its processes, at the end."""
-    results = tmp_path / "results"
-    log_path = tmp_path / "server.log"
-    rredcot = Path(sys.executable).parent / "rredcot"
-    cmd = [rredcot, "tracking", "server", "--results-dir", results, "--port", str(free_port()), *options]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # one process group: stopping it stops the server's workers too
-        )
-    try:
-        deadline = time.monotonic() + HANG_SECONDS
-        # Printed before the server starts (it then runs the migrations of a fresh database).
-        while not (uri := re.search(r"^export MLFLOW_TRACKING_URI=(\S+)$", log_path.read_text(), re.M)):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"no URI printed:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.1)
-        yield uri.group(1), results, proc
-        with urllib.request.urlopen(f"{uri.group(1)}/health", timeout=HANG_SECONDS) as response:
-            assert response.status == 200, log_path.read_text()[-3000:]  # still up after the load
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture

@@ -24,6 +24,10 @@ import pytest
 import yaml
 from hangs import HANG_SECONDS, run_until_stalled
 from mlflow import MlflowClient
+from tracking_server import serve
+
+from rredcot.infra.journal import journals
+from rredcot.tools.tracking import auth_paths, read_env_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "local-slurm"
@@ -97,11 +101,18 @@ def sacct_jobs(env: dict[str, str], run_id: str) -> list[dict[str, str]]:
 
 
 def test_workflow_on_slurm(cluster: dict[str, str], tmp_path: Path) -> None:
+    """A slice of the workflow as SLURM jobs, which log to a tracking server with authentication
+    (``rredcot tracking server --auth``), its jobs' credentials in the submitting environment."""
+    with serve(tmp_path / "tracking", "--auth") as (uri, tracking, _):
+        creds = read_env_file(auth_paths(tracking)["jobs_env"])
+        _workflow_on_slurm(cluster, tmp_path, {"MLFLOW_TRACKING_URI": uri, **creds})
+
+
+def _workflow_on_slurm(cluster: dict[str, str], tmp_path: Path, tracking: dict[str, str]) -> None:
     results = tmp_path / "results"
     # The project's environment first on PATH: jobs inherit it (sbatch --export=ALL) and run
-    # `snakemake` and `rredcot` from it. No tracking server: MLflow goes to results/mlflow.db.
-    env = {**cluster, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{cluster['PATH']}"}
-    env.pop("MLFLOW_TRACKING_URI", None)
+    # `snakemake` and `rredcot` from it, and the tracking server's URI and the jobs' credentials.
+    env = {**cluster, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{cluster['PATH']}", **tracking}
     env.pop("RREDCOT_INVOCATION", None)
     overlay = tmp_path / "two-processes.yaml"
     # Two SFT/train processes of one thread each: the job's CPUs (processes x threads) fit the node.
@@ -153,8 +164,18 @@ def test_workflow_on_slurm(cluster: dict[str, str], tmp_path: Path) -> None:
 
     for target in TARGETS:
         assert (results / target).stat().st_size > 0
-    # The jobs, on the compute node, logged to the run's MLflow store: one run per job.
-    client = MlflowClient(f"sqlite:///{results}/mlflow.db")
+    # The jobs, on the compute node, logged to the tracking server as its jobs' user: one run per
+    # job, all delivered by the end of each job; no local store was made.
+    assert not (results / "mlflow.db").exists()
+    found = list(journals(results))
+    assert len(found) == len(EXPECTED) and not any(journal.pending() for journal in found)
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            patch.setenv(key, tracking[key])
+        _check_runs(MlflowClient(tracking["MLFLOW_TRACKING_URI"]))
+
+
+def _check_runs(client: MlflowClient) -> None:
     exp = client.get_experiment_by_name("rredcot-smoke")
     runs = client.search_runs([exp.experiment_id], "tags.`rredcot.kind` = 'job'")
     assert sorted(r.data.tags["rredcot.rule"] for r in runs) == sorted(rule for rule, _ in EXPECTED)

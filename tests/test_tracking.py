@@ -6,8 +6,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -22,6 +20,7 @@ import pytest
 from hangs import HANG_SECONDS
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
+from tracking_server import stop_server
 
 from rredcot.infra.tracking import (
     INVOCATION_ENV,
@@ -32,6 +31,7 @@ from rredcot.infra.tracking import (
     retry,
     tracking_uri,
 )
+from rredcot.tools.launch import free_port
 from rredcot.tools.tracking import main, runs_url, runs_view_tag
 
 STEPS = 30
@@ -320,12 +320,6 @@ def test_runs_url() -> None:
     assert isinstance(envelope["state"], str) and json.loads(envelope["state"])["groupBy"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_concurrent_jobs_on_tracking_server(tmp_path: Path, store: Path, sqlite_env: dict[str, str]) -> None:
     shutil.copy(store.parent / "template.db", tmp_path / "srv.db")  # spares the server the migrations
     port = free_port()
@@ -369,10 +363,5 @@ def test_concurrent_jobs_on_tracking_server(tmp_path: Path, store: Path, sqlite_
         assert sorted(e.name for e in active) == ["Default", "exp"]
         assert not (results / "mlflow.db").exists()  # the server, not a local database, got everything
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_server(server, timeout=10)
         log.close()

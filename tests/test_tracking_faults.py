@@ -16,7 +16,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import pytest
 from hangs import HANG_SECONDS
 from jobs import CONFIGS, job_env, make_base, write_config
 from mlflow import MlflowClient
+from tracking_server import stop_server
 
 from rredcot.infra.journal import Journal, deliver_pending, journals
 from rredcot.infra.resume import is_resumable
@@ -43,16 +43,11 @@ from rredcot.infra.tracking import (
     tracking_uri,
 )
 from rredcot.settings.config import Tracking
+from rredcot.tools.launch import free_port
 from rredcot.tools.tracking import main
 
 RREDCOT = Path(sys.executable).parent / "rredcot"
 MAX_STEPS, SAVE_EVERY = 4, 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -84,16 +79,6 @@ def start_server(results: Path, port: int, template: Path) -> subprocess.Popen:
             stop_server(proc)
             pytest.fail(f"the tracking server did not start:\n{(results / 'server.log').read_text()[-3000:]}")
         time.sleep(0.2)
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def check_store_equals_journal(client: MlflowClient, journal: Journal, tmp: Path) -> None:

@@ -341,10 +341,11 @@ class StopOnSignal(TrainerCallback):
         self.stopped_at: int | None = None
 
     def received(self, signum: int, frame: Any = None) -> None:
-        """The signal handler: only notes the request (the Trainer acts on it at the step's end)."""
+        """The signal handler: only notes the request (the Trainer acts on it at the step's end). It
+        writes nothing: a handler that writes to a stream the interrupted code was writing to raises
+        "reentrant call" there; :meth:`on_step_end` says what happened."""
         if self.signum is None:
             self.signum = signum
-            _log.warning("%s received: stopping after this step", signal.Signals(signum).name)
 
     def agreed(self) -> bool:
         """Whether any process of the job was asked to stop (every process must call this per step)."""
@@ -364,11 +365,16 @@ class StopOnSignal(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
         if self.stopped_at is None and self.agreed() and state.global_step < state.max_steps:
             self.stopped_at = state.global_step
-            self.signum = self.signum or STOP_SIGNALS[0]  # another process had the signal
+            why = (
+                f"{signal.Signals(self.signum).name} received"
+                if self.signum
+                else "another process was signalled"
+            )
+            self.signum = self.signum or STOP_SIGNALS[0]
             control.should_save = control.should_save or self.save
             control.should_training_stop = True
             saving = "saving a checkpoint" if self.save else "no checkpoints kept"
-            _log.warning("stopping at step %d on request (%s)", state.global_step, saving)
+            _log.warning("%s: stopping at step %d (%s)", why, state.global_step, saving)
         return control
 
     def check(self) -> None:
