@@ -23,6 +23,7 @@ from rredcot.tools.launch import free_port
 def serve(tmp_path: Path, *options: str) -> Iterator[tuple[str, Path, subprocess.Popen]]:
     """A tracking server started with `rredcot tracking server [options]` (perhaps still booting);
     its URI, results dir and process. Stopped, with all its processes, at the end."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     results = tmp_path / "results"
     log_path = tmp_path / "server.log"
     rredcot = Path(sys.executable).parent / "rredcot"
