@@ -69,7 +69,7 @@ def _paired(rows):
 @pytest.fixture
 def inputs():
     # A run with the Monte Carlo arm (the default leaves it to config/baselines.yaml).
-    cfg = load_config("config/config.yaml", {"run_arms": ["grpo", "rredcot", "mc", "oracle"]})
+    cfg = load_config("config/config.yaml", {"run_arms": ["grpo", "rredcot", "mc", "oracle", "exact"]})
     paired = _paired(
         [
             # arm, reference, metric, seeds, problems, diff [low, high], steps to reach [low, high],
@@ -81,6 +81,11 @@ def inputs():
             ("Oracle", "GRPO", "sampled", 3, 100, 0.06, 0.03, 0.09, 15.0, 10.0, 20.0)
             + (0.03, 0.02, 0.04, 0.02, 0.2),
             ("Oracle", "GRPO", "greedy", 3, 100) + (0.0,) * 11,
+            ("Exact values", "GRPO", "sampled", 3, 100, 0.04, 0.02, 0.06, 15.0, 10.0, 20.0)
+            + (0.03, 0.02, 0.04, 0.02, 0.2),
+            # RREDCoT against MC: behind by at most 0.004 over the run, final interval straddling -0.005.
+            ("RREDCoT", "MC", "sampled", 3, 100, -0.02, -0.04, 0.0, 30.0, 20.0, 45.0)
+            + (0.01, -0.004, 0.02, 0.02, 0.2),
         ]
     )
     cost = pl.DataFrame(
@@ -132,17 +137,42 @@ def inputs():
     return cfg, paired, cost, truncation, attribution, prm, variance, localisation
 
 
+COMPUTE = pl.DataFrame(
+    [
+        {
+            "arm": "RREDCoT",
+            "reference": "MC",
+            "seeds": 3,
+            "arm_seconds": 100.0,
+            "reference_seconds": 300.0,
+            "cost_share": 0.33,
+            "equal_compute_diff": 0.03,
+            "equal_compute_low": 0.01,
+            "equal_compute_high": 0.05,
+            "reach_share": 0.25,
+            "reach_low": 0.2,
+            "reach_high": float("inf"),
+        }
+    ]
+)
+
+
 def test_claims_table_reads_each_source_and_judges_it(inputs):
-    rows = {c.claim: c for c in K.claims_table(*inputs, SOURCES)}
+    rows = {c.claim: c for c in K.claims_table(*inputs, SOURCES, COMPUTE)}
     assert list(rows) == [
         "rredcot_beats_grpo",
         "mc_beats_grpo",
         "sample_efficiency",
+        "mc_sample_efficiency",
+        "rredcot_matches_mc",
+        "rredcot_matches_mc_over_the_run",
+        "rredcot_matches_mc_at_equal_compute",
         "rredcot_tracks_mc",
         "truncated_mc_loses_rollouts",
         "mc_estimates_noisy",
         "prm_follows_thought_nll",
         "cost",
+        "testbed_exact_beats_grpo",
         "testbed_oracle_beats_grpo",
         "testbed_localisation",
     ]
@@ -151,14 +181,23 @@ def test_claims_table_reads_each_source_and_judges_it(inputs):
         "rredcot_beats_grpo": "inconclusive",  # [-0.02, 0.04] straddles the threshold
         "mc_beats_grpo": "supported",  # [0.01, 0.05]: beyond 0.005
         "sample_efficiency": "supported",  # RREDCoT leads by 0.02 [0.01, 0.03] over the run
+        "mc_sample_efficiency": "inconclusive",  # MC leads by 0.01 [0.0, 0.02]: maybe less than 0.005
+        "rredcot_matches_mc": "inconclusive",  # [-0.04, 0.0]: maybe behind by more than 0.005
+        "rredcot_matches_mc_over_the_run": "supported",  # [-0.004, 0.02]: behind by less than 0.005
+        "rredcot_matches_mc_at_equal_compute": "supported",  # [0.01, 0.05] at equal seconds
         "rredcot_tracks_mc": "supported",  # late 0.7 > overall 0.4, interval above 0.3
         "truncated_mc_loses_rollouts": "supported",  # 20% of 200 rollouts at T = 20 = L / 2
         "mc_estimates_noisy": "supported",  # M = 4: 0.15 + 0.03
         "prm_follows_thought_nll": "supported",  # |-0.6| vs |0.1|, intervals apart
         "cost": "within the paper's range",  # 1.8x, MC 9x = 5x RREDCoT
+        "testbed_exact_beats_grpo": "supported",  # [0.02, 0.06]
         "testbed_oracle_beats_grpo": "supported",
         "testbed_localisation": "supported",  # 0.9 of 40, Wilson low > 0.7
     }
+    assert "judged by size: inconclusive" in rows["rredcot_matches_mc_over_the_run"].note
+    equal = rows["rredcot_matches_mc_at_equal_compute"]
+    assert "0.330 of MC's seconds" in equal.measure and "0.25 [0.20, inf]" in equal.measure
+    assert equal.source == "compute.csv" and "judged by size: supported" in equal.note
     assert rows["truncated_mc_loses_rollouts"].value == 0.2
     # The curve against the testbed's own rollout length: a quarter, half, three quarters, all of it.
     assert "0.25L (T = 10): 0.400" in rows["truncated_mc_loses_rollouts"].measure
@@ -254,7 +293,7 @@ def test_a_difference_inside_the_threshold_is_too_small_to_matter(inputs):
 def test_power_says_what_the_run_can_detect(inputs):
     _, paired, *_ = inputs
     power = {p.arm: p for p in K.power_table(paired)}
-    assert set(power) == {"RREDCoT", "MC", "Oracle"}  # sampled rows only
+    assert set(power) == {"RREDCoT", "MC", "Oracle", "Exact values", "RREDCoT - MC"}  # sampled rows only
     rredcot = power["RREDCoT"]
     assert rredcot.half_width == pytest.approx(0.03) and not rredcot.powered
     se = 0.03 / K.Z95
@@ -268,3 +307,47 @@ def test_power_says_what_the_run_can_detect(inputs):
         (pl.col("diff") - 0.008).alias("diff_low"), (pl.col("diff") + 0.008).alias("diff_high")
     )
     assert "**Power: powered.**" in K.markdown([], "x", K.power_table(tight))
+
+
+def test_without_the_exact_arm_the_testbed_check_is_open(inputs):
+    cfg, *rest = inputs
+    cfg = {**cfg, "run_arms": ["grpo", "rredcot", "oracle"]}
+    rows = {c.claim: c for c in K.claims_table(cfg, *rest, SOURCES)}
+    assert rows["testbed_exact_beats_grpo"].verdict == "inconclusive"
+    assert "no paired row for Exact values" in rows["testbed_exact_beats_grpo"].note
+    assert "rredcot_matches_mc" not in rows and "rredcot_matches_mc_at_equal_compute" not in rows
+
+
+def test_non_inferiority_judges_against_minus_the_threshold():
+    t = K.ACCURACY_THRESHOLD
+    assert K.verdict_not_below(-t + 0.001, 0.05, t) == "supported"
+    assert K.verdict_not_below(-0.05, -t - 0.001, t) == "contradicted"
+    assert K.verdict_not_below(-0.05, 0.05, t) == "inconclusive"
+    assert K.verdict_not_below(None, 0.05, t) == "inconclusive"
+
+
+def test_correlation_sizes_follow_the_fisher_interval():
+    for rho in (0.0, 0.38, 0.65, -0.5):
+        n = K.correlation_n(rho)
+        for m, fits in ((n, True), (n - 1, False)):
+            low, high = K.fisher_interval(rho, m)
+            assert (max(rho - low, high - rho) <= K.CORRELATION_HALF_WIDTH) is fits
+    # Near the approximation n = 3 + 1.06 (1.96 (1 - rho^2) / 0.1)^2, a little above: the wider side counts.
+    assert K.correlation_n(0.38) == pytest.approx(3 + 1.06 * (K.Z95 * (1 - 0.38**2) / 0.1) ** 2, rel=0.1)
+    n = K.separation_n(-0.6, 0.4)
+    (a_low, _), (_, b_high) = K.fisher_interval(0.6, n), K.fisher_interval(0.4, n)
+    assert a_low > b_high and K.fisher_interval(0.6, n - 1)[0] <= K.fisher_interval(0.4, n - 1)[1] + 0.01
+    assert K.separation_n(0.3, -0.3) is None
+
+
+def test_power_of_the_correlations_scales_the_study(inputs):
+    _, _, _, _, attribution, prm, *_ = inputs
+    rows = K.correlation_power(attribution, prm, n_traces=96)
+    late, whole, thought, answer = rows
+    assert (late.n, whole.n) == (60, 300) and late.rho == 0.7 and "last 20%" in late.what
+    assert late.n_needed == K.correlation_n(0.7)
+    assert late.traces_needed == math.ceil(96 * late.n_needed / 60)
+    assert thought.claim == answer.claim == "prm_follows_thought_nll" and thought.rho == 0.6
+    assert thought.n_needed == max(K.correlation_n(0.6), K.separation_n(0.6, 0.1))
+    md = K.markdown([], "x", (), rows)
+    assert "## Power of the correlations" in md and f"| {late.traces_needed} |" in md

@@ -64,6 +64,9 @@ def _sigma(setup, method: str, changes: dict) -> torch.Tensor:
         return [[float(max(m - i, 0)) for i in range(len(c))] for c in cuts]
 
     item = TraceInput(prompt, ids, -1.0, [("9 * 2 = 8, 8 + 6 = 4.", "4")], culprit=culprit, outcome=0.0)
+    # Values that fall over several cuts (the task's own drop to 0 at one step would make the value
+    # spaces agree).
+    item.task_values = lambda offsets: [max(0.9 - 0.3 * i, 0.05) for i in range(len(offsets))]
     (out,) = assigner.assign(model, [item], value_model=model, rollouts=rollouts)
     return out.multiplier
 

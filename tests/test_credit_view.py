@@ -307,3 +307,132 @@ def test_empty_trace_renders(tmp_path: Path) -> None:
     render_png(record, tmp_path / "empty2.png")
     with pytest.raises(ValueError, match="'segment_starts'"):
         validate_record({**record, "segment_starts": [0]})
+
+
+# --------------------------------------------------------------------------------------------------
+# Traces with nothing to redistribute
+# --------------------------------------------------------------------------------------------------
+
+NOTHING = "nothing to redistribute"
+
+
+def _png_text(path: Path) -> str:
+    """The title lines a PNG view keeps in its text chunks."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return "\n".join(str(v) for v in image.text.values())
+
+
+def test_one_segment_pictures_say_there_is_nothing_to_redistribute(tmp_path: Path) -> None:
+    single = make_record(["".join(LINES)], hot_segment=0)
+    assert len(single["segment_starts"]) == 1
+    assert len(set(single["sigma"])) == 1  # σ uniform, as the methods give one segment
+    several = make_record()
+    assert NOTHING in html.unescape(render_html(single))
+    assert "one segment" in html.unescape(render_html(single))
+    assert NOTHING not in html.unescape(render_html(several))
+    assert NOTHING in _png_text(render_png(single, tmp_path / "single.png"))
+    assert NOTHING not in _png_text(render_png(several, tmp_path / "several.png"))
+    assert "σ is uniform" not in _png_text(tmp_path / "several.png")
+
+
+def _uniform(record: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    n = len(record["tokens"])
+    return {**record, "sigma": [1.0 / n] * n, **fields}
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"method": "uniform"}, "uniform credit (GRPO)"),
+        ({"advantage": 0.0}, "advantage 0: nothing to redistribute"),
+        ({"mix": 0.0, "segment_rewards": [0.0, 0.0, -0.9, 0.1, 0.0]}, "mix 0"),
+        ({"segment_rewards": [0.0] * 5}, "all segment rewards are 0"),
+        ({"segment_rewards": [0.1, 0.0, 0.3, 0.0, 0.2]}, "no segment lowered the value"),
+        ({"advantage": 0.5, "segment_rewards": [-0.1, 0.0, -0.3, 0.0, 0.0]}, "no segment raised the value"),
+        ({"segment_rewards": None, "entropies": [0.0] * _N}, "every token's entropy is 0"),
+        ({"segment_rewards": [0.0, 0.0, -0.9, 0.1, 0.0]}, "σ is uniform: no credit was redistributed"),
+    ],
+)
+def test_uniform_sigma_is_explained(fields: dict[str, Any], words: str) -> None:
+    """Each case in which the methods give every token 1/|o| names itself; a record that moved credit
+    names none, whatever its fields."""
+    from rredcot.viz.credit_record import uniform_reason
+
+    record = _uniform(make_record(), **fields)
+    validate_record(record)
+    assert words in uniform_reason(record)
+    assert words in html.unescape(render_html(record))
+    assert uniform_reason({**make_record(), **fields}) is None
+
+
+def test_bad_segment_rewards_and_mix_raise() -> None:
+    for field, value in [("segment_rewards", [math.nan]), ("segment_rewards", 1.0), ("mix", 1.5)]:
+        with pytest.raises(ValueError, match=f"'{field}'"):
+            validate_record({**make_record(), field: value})
+
+
+def _credit(n: int, starts: list[int], rewards: list[float], advantage: float):  # noqa: ANN202
+    """A trace's credit as the rredcot method computes it from its segment rewards."""
+    import torch
+
+    from rredcot.method.assign import TraceCredit
+    from rredcot.method.registry import credit_multiplier
+    from rredcot.method.segmentation import segment_ids_from_starts
+
+    r = torch.tensor(rewards, dtype=torch.float64)
+    ids = segment_ids_from_starts(starts, n)
+    multiplier = credit_multiplier("rredcot", n, advantage, 0.5, ids, r)
+    log_values = torch.cat([torch.zeros(1, dtype=torch.float64), r.cumsum(0)])[: len(starts) + 1]
+    cuts = [*starts, n][: len(log_values)]
+    entropies = torch.linspace(0.5, 2.0, n)
+    return TraceCredit(multiplier, starts, cuts, log_values, entropies=entropies, segment_rewards=r)
+
+
+def _kept_views(advantages: list[float], credits: list[Any], view_samples: int = 2) -> list[dict[str, Any]]:
+    """The records the trainer's ``_keep_views`` keeps of one batch (a row per trace) at step 10."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from rredcot.adapter.trainer import RREDCoTTrainer
+    from rredcot.method.settings import CreditConfig
+
+    trainer = SimpleNamespace(
+        credit=CreditConfig(method="rredcot", view_every=10, view_samples=view_samples),
+        state=SimpleNamespace(global_step=10),
+        credit_views=[],
+        assigner=SimpleNamespace(
+            token_texts=lambda ids: [f" t{t}" for t in ids], baseline_text=lambda tc: None
+        ),
+    )
+    n = len(advantages)
+    inputs = [{"prompt": f"problem {j}", "answer": str(j)} for j in range(n)]
+    completions = [list(range(tc.multiplier.numel())) for tc in credits]
+    RREDCoTTrainer._keep_views(
+        trainer, inputs, list(range(n)), completions, torch.tensor(advantages), credits
+    )
+    return trainer.credit_views
+
+
+def test_kept_views_prefer_traces_with_several_segments() -> None:
+    one_neg, one_pos = _credit(6, [0], [-2.0], -1.0), _credit(6, [0], [0.0], 1.0)
+    three_neg = _credit(12, [0, 4, 8], [0.0, -1.0, 0.0], -1.0)
+    two_pos = _credit(8, [0, 4], [0.5, 0.0], 1.0)
+    views = _kept_views([-1.0, 1.0, -1.0, 1.0], [one_neg, one_pos, three_neg, two_pos])
+    # The alternation of signs stands (negative first); within a sign the trace with segments wins.
+    assert [(v["trace_id"], v["advantage"] < 0) for v in views] == [("step10-2", True), ("step10-3", False)]
+    assert [len(v["segment_starts"]) for v in views] == [3, 2]
+    assert all(NOTHING not in html.unescape(render_html(v)) for v in views)
+    assert views[0]["mix"] == 0.5 and views[0]["segment_rewards"] == [0.0, -1.0, 0.0]
+
+
+def test_kept_views_fall_back_to_one_segment_only_when_a_sign_has_no_other() -> None:
+    one_neg = _credit(6, [0], [-2.0], -1.0)
+    two_pos = [_credit(8, [0, 4], [0.5, 0.0], 1.0), _credit(8, [0, 2], [0.0, 0.5], 1.0)]
+    views = _kept_views([1.0, -1.0, 1.0], [two_pos[0], one_neg, two_pos[1]], view_samples=3)
+    assert [v["trace_id"] for v in views] == ["step10-1", "step10-0", "step10-2"]
+    # The one-segment trace's σ is uniform, and its pictures say why.
+    assert set(views[0]["sigma"]) == {1 / 6}
+    assert "one segment: nothing to redistribute" in html.unescape(render_html(views[0]))

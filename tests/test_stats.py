@@ -83,3 +83,74 @@ def test_seed_sd_splits_the_spread_over_seeds_and_problems():
     between, within = seed_sd(arm, reference)
     assert between == pytest.approx(np.std([0.5, 1.0, 0.0], ddof=1))
     assert within == pytest.approx(np.sqrt(np.mean([np.var([0, 1, 0, 1], ddof=1), 0.0, 0.0])))
+
+
+def test_cumulative_seconds_sum_the_steps_up_to_each_probe():
+    from rredcot.infra.stats import cumulative_seconds
+
+    times = {1: 2.0, 2: 3.0, 3: 1.0, 4: 4.0}
+    assert cumulative_seconds(times, [0, 2, 4]).tolist() == [0.0, 5.0, 10.0]
+    # A step without a time would undercount what the run cost.
+    with pytest.raises(ValueError, match=r"step\(s\) \[3\]"):
+        cumulative_seconds({1: 2.0, 2: 3.0, 4: 4.0}, [0, 4])
+
+
+def test_seconds_to_reach_interpolates_between_probes():
+    from rredcot.infra.stats import seconds_to_reach
+
+    seconds, curve = [0.0, 10.0, 20.0], [0.2, 0.4, 0.8]
+    assert seconds_to_reach(seconds, curve, 0.6) == pytest.approx(15.0)  # half way from 0.4 to 0.8
+    assert seconds_to_reach(seconds, curve, 0.4) == 10.0
+    assert seconds_to_reach(seconds, curve, 0.1) == 0.0
+    assert seconds_to_reach(seconds, curve, 0.9) == math.inf
+
+
+# Two seeds; the second ran on a machine twice as slow. The arm's steps cost half the reference's,
+# and the reference is probed once more than the arm.
+_ARM_SECONDS = np.array([[0.0, 10.0, 20.0], [0.0, 20.0, 40.0]])
+_REF_SECONDS = np.array([[0.0, 20.0, 30.0, 40.0], [0.0, 40.0, 60.0, 80.0]])
+_REFERENCE = np.array([[0.2, 0.6, 0.7, 0.8], [0.2, 0.4, 0.6, 0.9]])
+
+
+def test_cost_shares_are_means_over_seeds():
+    from rredcot.infra.stats import cost_shares
+
+    assert cost_shares(_ARM_SECONDS, _REF_SECONDS) == pytest.approx((30.0, 60.0, 0.5))
+    with pytest.raises(ValueError, match="same seeds"):
+        cost_shares(_ARM_SECONDS[:1], _REF_SECONDS)
+
+
+def test_equal_compute_reads_both_curves_at_the_cheaper_runs_end():
+    from rredcot.infra.stats import equal_compute_difference
+
+    arm = np.array([[0.2, 0.4, 0.6], [0.2, 0.5, 0.7]])
+    got = equal_compute_difference(_ARM_SECONDS, arm, _REF_SECONDS, _REFERENCE, n_boot=500, seed=0)
+    # Seed 0 at 20 s: 0.6 - 0.6; seed 1 at 40 s: 0.7 - 0.4. The reference's final 0.8, 0.9 never count.
+    assert got.estimate == pytest.approx(0.15)
+    assert -1e-12 <= got.low <= got.estimate <= got.high <= 0.3 + 1e-12 and got.low < got.high
+    # Against itself every seed's difference is 0, whatever the resample.
+    same = equal_compute_difference(_REF_SECONDS, _REFERENCE, _REF_SECONDS, _REFERENCE, n_boot=50, seed=0)
+    assert same.estimate == same.low == same.high == 0.0
+    with pytest.raises(ValueError, match="same seeds"):
+        equal_compute_difference(_ARM_SECONDS[:1], arm[:1], _REF_SECONDS, _REFERENCE, n_boot=10, seed=0)
+    with pytest.raises(ValueError, match="one shape"):
+        equal_compute_difference(_ARM_SECONDS, arm[:, :2], _REF_SECONDS, _REFERENCE, n_boot=10, seed=0)
+
+
+def test_reach_share_is_a_share_of_the_references_seconds():
+    from rredcot.infra.stats import reach_share
+
+    arm = np.array([[0.2, 0.6, 1.0], [0.2, 0.6, 1.0]])
+    got = reach_share(_ARM_SECONDS, arm, _REF_SECONDS, _REFERENCE, n_boot=500, seed=0)
+    # The arm's mean curve: 0.2, 0.6, 1.0 at 0, 15, 30 s. It crosses the reference's final mean
+    # (0.85) at 15 + 0.25 / 0.4 * 15 = 24.375 s, of the reference's mean 60 s.
+    assert got.estimate == pytest.approx(24.375 / 60)
+    # Resamples of one seed only: 15 s of 40 (target 0.8), 35 s of 80 (target 0.9).
+    assert 15 / 40 - 1e-12 <= got.low <= got.estimate <= got.high <= 35 / 80 + 1e-12
+    # An arm that never reaches the reference's final accuracy within its run.
+    slow = np.array([[0.2, 0.4, 0.6], [0.2, 0.5, 0.7]])
+    never = reach_share(_ARM_SECONDS, slow, _REF_SECONDS, _REFERENCE, n_boot=100, seed=0)
+    assert never.estimate == never.low == never.high == math.inf
+    # The reference against itself reaches its final accuracy at its full cost, or sooner.
+    itself = reach_share(_REF_SECONDS, _REFERENCE, _REF_SECONDS, _REFERENCE, n_boot=100, seed=0)
+    assert itself.estimate == pytest.approx(1.0) and itself.high <= 1.0 + 1e-12

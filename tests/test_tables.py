@@ -78,6 +78,112 @@ def test_paired_table_against_the_first_arm(tmp_path):
     assert greedy["steps_to_reference"] == 10 and greedy["steps_low"] == greedy["steps_high"] == 10
 
 
+def _report_view(arms: list[str], **report):
+    """The report stage's view of the default config with these run arms: what its rule hands it."""
+    from rredcot.settings.reads import stage_view
+
+    overrides = {"run_arms": arms, "studies": {"bootstrap": 200}} | ({"report": report} if report else {})
+    return stage_view(load_config("config/config.yaml", overrides), "report")
+
+
+def _pairs(table) -> list[tuple[str, str]]:
+    """The (arm, reference) pairs of a paired or compute table, in order."""
+    return list(dict.fromkeys(zip(table["arm"], table["reference"], strict=True)))
+
+
+def test_paired_table_adds_the_configured_pairs(tmp_path, caplog):
+    from rredcot.settings.config import ConfigError
+    from rredcot.stages.report import paired_table
+
+    summaries = []
+    for seed in (0, 1, 2):
+        # Greedy: GRPO solves 3 of 8 problems, RREDCoT 5, MC 6; sampled: one of two samples each.
+        for arm, solved in (("grpo", 3), ("rredcot", 5), ("mc", 6)):
+            greedy = [1] * solved + [0] * (8 - solved)
+            summaries.append(_evaluation(tmp_path, arm, seed, greedy, [[1, 0]] * 8))
+    table = paired_table(_report_view(["grpo", "rredcot", "mc"]), summaries, [])
+    rows = {(r["arm"], r["reference"], r["metric"]): r for r in table.to_dicts()}
+    # Every arm against the first arm, then report.pairs' default: RREDCoT against Monte Carlo credit.
+    assert _pairs(table) == [("RREDCoT", "GRPO"), ("MC", "GRPO"), ("RREDCoT", "MC")]
+    assert rows[("RREDCoT", "MC", "greedy")]["diff"] == pytest.approx(-1 / 8)
+    assert rows[("MC", "GRPO", "greedy")]["diff"] == pytest.approx(3 / 8)
+    assert rows[("RREDCoT", "MC", "sampled")]["diff"] == 0.0
+    assert rows[("RREDCoT", "MC", "greedy")]["seeds"] == 3
+    # A pair that is already one against the first arm is not repeated.
+    view = _report_view(["grpo", "rredcot", "mc"], pairs=[["rredcot", "grpo"], ["mc", "rredcot"]])
+    again = paired_table(view, summaries, [])
+    assert _pairs(again) == [("RREDCoT", "GRPO"), ("MC", "GRPO"), ("MC", "RREDCoT")]
+    # Without the MC arm in the run, the pair is skipped, and the log says why.
+    with caplog.at_level("INFO", logger="rredcot.stages.report"):
+        two = paired_table(_report_view(["grpo", "rredcot"]), summaries, [])
+    assert set(zip(two["arm"], two["reference"], strict=True)) == {("RREDCoT", "GRPO")}
+    assert "rredcot against mc skipped, the run does not train mc" in caplog.text
+    # A pair must name two different configured arms.
+    for pairs, message in (([["rredcot", "nope"]], "unknown arm"), ([["mc", "mc"]], "two different arms")):
+        with pytest.raises(ConfigError, match=message):
+            load_config("config/config.yaml", {"report": {"pairs": pairs}})
+
+
+def _training_run(train, arm: str, seed: int, step_seconds: float, sampled: list[float]) -> None:
+    """curve.csv (probes at steps 0, 10, 20) and metrics.jsonl (every step at ``step_seconds``) of
+    one training job, as the train rule writes them."""
+    folder = train / arm / f"seed{seed}"
+    folder.mkdir(parents=True)
+    lines = ["arm,seed,step,greedy,sampled"]
+    lines += [f"{arm},{seed},{t},nan,{a}" for t, a in zip((0, 10, 20), sampled, strict=True)]
+    (folder / "curve.csv").write_text("\n".join(lines) + "\n")
+    rows = [{"step": s, "loss": 0.1, "step_time": step_seconds} for s in range(1, 21)]
+    rows.append({"step": 20, "train_runtime": 99.0})  # the trainer's summary, not a step
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_compute_table_puts_the_curves_on_training_seconds(tmp_path):
+    from rredcot.stages.report import compute_table
+
+    train = tmp_path / "train"
+    # Seed 1 ran on a machine twice as slow; an MC step costs twice a RREDCoT one, GRPO's 1.5 times.
+    for seed, slow in ((0, 1.0), (1, 2.0)):
+        _training_run(train, "rredcot", seed, 1.0 * slow, [0.2, 0.6, 1.0])
+        _training_run(train, "grpo", seed, 1.5, [0.2, 0.5, 0.7])
+    _training_run(train, "mc", 0, 2.0, [0.2, 0.6, 0.8])
+    _training_run(train, "mc", 1, 4.0, [0.2, 0.4, 0.9])
+    curves = sorted(map(str, train.glob("*/seed*/curve.csv")))
+    metrics = sorted(map(str, train.glob("*/seed*/metrics.jsonl")))
+    table = compute_table(_report_view(["grpo", "rredcot", "mc"]), curves, metrics)
+    assert table.columns == [
+        "arm",
+        "reference",
+        "seeds",
+        "arm_seconds",
+        "reference_seconds",
+        "cost_share",
+        "equal_compute_diff",
+        "equal_compute_low",
+        "equal_compute_high",
+        "reach_share",
+        "reach_low",
+        "reach_high",
+    ]
+    rows = {(r["arm"], r["reference"]): r for r in table.to_dicts()}
+    assert list(rows) == [("RREDCoT", "GRPO"), ("MC", "GRPO"), ("RREDCoT", "MC")]
+    mc = rows[("RREDCoT", "MC")]
+    assert (mc["seeds"], mc["arm_seconds"], mc["reference_seconds"], mc["cost_share"]) == (2, 30.0, 60.0, 0.5)
+    # At equal compute (20 s, 40 s) RREDCoT has finished at 1.0; MC stands at 0.6, then 0.4.
+    assert mc["equal_compute_diff"] == pytest.approx(0.5)
+    assert mc["equal_compute_low"] == pytest.approx(0.4) and mc["equal_compute_high"] == pytest.approx(0.6)
+    # RREDCoT's mean curve (0.2, 0.6, 1.0 at 0, 15, 30 s) reaches MC's final 0.85 at 24.375 s of 60.
+    assert mc["reach_share"] == pytest.approx(24.375 / 60, abs=1e-4)
+    assert mc["reach_low"] == pytest.approx(15 / 40) and mc["reach_high"] == pytest.approx(35 / 80, abs=1e-4)
+    # MC against GRPO: 40 s and 80 s against GRPO's 30 s; MC's mean curve (0.2, 0.5, 0.85 at 0, 30,
+    # 60 s) passes GRPO's final 0.7 at 30 + 0.2 / 0.35 * 30 s, past GRPO's whole run.
+    assert rows[("MC", "GRPO")]["cost_share"] == pytest.approx((40 / 30 + 80 / 30) / 2, abs=1e-4)
+    assert rows[("MC", "GRPO")]["reach_share"] == pytest.approx((30 + 0.2 / 0.35 * 30) / 30, abs=1e-4)
+    # A seed without its step times is left out of the pairs with that arm.
+    without = [m for m in metrics if "mc/seed1" not in m]
+    table = compute_table(_report_view(["grpo", "rredcot", "mc"]), curves, without)
+    assert table["seeds"].to_list() == [2, 1, 1]
+
+
 def test_paired_curves_subtract_the_reference_of_the_same_seed_and_step():
     import polars as pl
 

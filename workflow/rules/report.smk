@@ -12,6 +12,8 @@ rule report:
             seed=SEEDS,
         ),
         curves=expand(f"{R}/train/{{arm}}/seed{{seed}}/curve.csv", arm=ARMS, seed=SEEDS),
+        # Each training step's seconds (accuracy against training compute).
+        metrics=expand(f"{R}/train/{{arm}}/seed{{seed}}/metrics.jsonl", arm=ARMS, seed=SEEDS),
     output:
         table=report(TABLE, caption="../report/table.rst", category="Tables"),
         png=report(
@@ -21,6 +23,7 @@ rule report:
         ),
         pdf=f"{R}/figures/learning_curve.pdf",
         paired=report(f"{R}/paired.csv", caption="../report/paired.rst", category="Tables"),
+        compute=report(f"{R}/compute.csv", caption="../report/compute.rst", category="Tables"),
     log:
         f"{R}/logs/report.log",
     conda:
@@ -31,6 +34,7 @@ rule report:
     shell:
         "rredcot report --config {params.cfg} --summaries {input.summaries}"
         " --curves {input.curves} --table {output.table} --paired {output.paired}"
+        " --metrics {input.metrics} --compute {output.compute}"
         " --figure {output.png} > {log} 2>&1"
 
 
@@ -74,6 +78,7 @@ rule tables:
 rule claims:
     input:
         paired=f"{R}/paired.csv",
+        compute=f"{R}/compute.csv",
         cost=f"{R}/cost.csv",
         truncation=f"{FIG}/fig3_truncation.csv",
         attribution=f"{FIG}/fig4_attribution_correlation.csv",
@@ -96,7 +101,8 @@ rule claims:
             f"--localisation {input.localisation}" if input.localisation else ""
         ),
     shell:
-        "rredcot claims --config {params.cfg} --paired {input.paired} --cost {input.cost}"
+        "rredcot claims --config {params.cfg} --paired {input.paired} --compute {input.compute}"
+        " --cost {input.cost}"
         " --truncation {input.truncation} --attribution {input.attribution} --prm {input.prm}"
         " --variance {input.variance} {params.localisation} --csv {output.csv} --md {output.md}"
         " > {log} 2>&1"

@@ -6,6 +6,8 @@ rule train:
     output:
         model=directory(f"{R}/train/{{arm}}/seed{{seed}}/model"),
         curve=f"{R}/train/{{arm}}/seed{{seed}}/curve.csv",
+        # Per-step training metrics; the report reads each step's seconds (compute.csv).
+        metrics=f"{R}/train/{{arm}}/seed{{seed}}/metrics.jsonl",
     log:
         f"{R}/logs/train/{{arm}}/seed{{seed}}.log",
     benchmark:

@@ -20,7 +20,7 @@ from trl import GRPOConfig
 from rredcot.adapter.distributed import process_state
 from rredcot.adapter.trainer import RREDCoTTrainer
 from rredcot.data.records import correctness_reward, rl_records, row_reward
-from rredcot.data.synthetic import culprit_offset
+from rredcot.data.synthetic import culprit_offset, exact_value_functions
 from rredcot.infra.resume import SAVE_TOTAL_LIMIT
 from rredcot.lm.modeling import load_tokenizer
 from rredcot.settings.config import credit_config
@@ -148,6 +148,7 @@ def build_trainer(
         # Only the synthetic task knows where a trace goes wrong (it raises for any other problem).
         culprit=culprit_offset if credit.kind.needs_culprits else None,
         # Monte Carlo values score each rollout with the run's reward (the default one).
-        rollout_reward=row_reward if credit.kind.needs_rollouts else None,
+        rollout_reward=row_reward if "outcome" in credit.kind.needs else None,
+        task_values=exact_value_functions if credit.kind.needs_task_values else None,
         sampling_seed=seed if cfg["rl"]["paired_sampling"] else None,
     )

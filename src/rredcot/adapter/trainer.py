@@ -46,6 +46,10 @@ from rredcot.method.settings import CreditConfig
 
 __all__ = ["CreditConfig", "RREDCoTTrainer", "TraceCredit", "credit_record"]
 
+TaskValues = Callable[[list[dict[str, Any]], list[str]], list[Callable[[list[int]], list[float]]]]
+"""``task_values(rows, completions)``: per completion, its values at character offsets (the ``exact``
+credit method's need)."""
+
 _log = logging.getLogger(__name__)
 
 
@@ -60,10 +64,14 @@ class RREDCoTTrainer(GRPOTrainer):
     offset where the completion first goes wrong (None: nowhere), which only a task that can check
     every step knows (``rredcot.data.synthetic.culprit``). ``mc`` needs ``rollout_reward``: a function
     of a dataset row and a completion's text that returns its reward in [0, 1] (the run's outcome
-    reward, applied to each policy rollout from an exit point). Credit records of sampled traces
-    accumulate in ``credit_views`` (main process) when ``view_every`` > 0. ``sampling_seed`` (an
-    int) pairs the sampling of runs that share it (common random numbers, for comparing arms); None
-    keeps TRL's random stream, and with uniform credit the run is then stock GRPO bit for bit.
+    reward, applied to each policy rollout from an exit point). ``exact`` needs ``task_values``: a
+    function of the step's dataset rows and completion texts that returns, per completion, a function
+    from character offsets to the values the task computes there (``rredcot.data.synthetic
+    .exact_value_functions``), and ``rollout_reward`` for each trace's own outcome. Credit records of
+    sampled traces accumulate in ``credit_views`` (main process) when ``view_every`` > 0.
+    ``sampling_seed`` (an int) pairs the sampling of runs that share it (common random numbers, for
+    comparing arms); None keeps TRL's random stream, and with uniform credit the run is then stock GRPO
+    bit for bit.
     """
 
     def __init__(
@@ -72,6 +80,7 @@ class RREDCoTTrainer(GRPOTrainer):
         credit: CreditConfig | None = None,
         culprit: Callable[[dict[str, Any], str], int | None] | None = None,
         rollout_reward: Callable[[dict[str, Any], str], float] | None = None,
+        task_values: TaskValues | None = None,
         sampling_seed: int | None = None,
         **kwargs: Any,
     ) -> None:
@@ -93,12 +102,19 @@ class RREDCoTTrainer(GRPOTrainer):
                 "wrong, which only a task that can check every step knows (the synthetic task)"
             )
         self.culprit = culprit
-        if self.credit.kind.needs_rollouts and rollout_reward is None:
+        if "outcome" in self.credit.kind.needs and rollout_reward is None:
             raise ValueError(
                 f"credit method {self.credit.method!r} needs rollout_reward=: the reward in [0, 1] of a "
                 "completion's text for its dataset row, to score the policy rollouts from each exit point"
             )
         self.rollout_reward = rollout_reward
+        if self.credit.kind.needs_task_values and task_values is None:
+            raise ValueError(
+                f"credit method {self.credit.method!r} needs task_values=: the values a task computes at "
+                "character offsets of each completion, which only a task that can check every step knows "
+                "(the synthetic task)"
+            )
+        self.task_values = task_values
         self.credit_views: list[dict[str, Any]] = []
         self.assigner = CreditAssigner(self.processing_class, self.credit)
         self._value_model: torch.nn.Module | None = None
@@ -253,6 +269,13 @@ class RREDCoTTrainer(GRPOTrainer):
                 inputs, self.processing_class.batch_decode(every, skip_special_tokens=True)
             )
         rows = [i for i in range(len(inputs)) if float(advantages[i]) != 0.0 and lengths[i] > 0]
+        values_at = None
+        if method.needs_task_values:  # every completion of the process's batch gives the slip rate
+            texts = [
+                self.assigner.completion_text(completion_ids[i][: lengths[i]].tolist())
+                for i in range(len(inputs))
+            ]
+            values_at = self.task_values(inputs, texts)  # type: ignore[misc]
         items = []
         for i in rows:
             item = self._reference_pairs(inputs[i], finals) if method.needs_reference_pairs else None
@@ -263,6 +286,8 @@ class RREDCoTTrainer(GRPOTrainer):
             # What the method's reward source needs of the task, from the dataset row.
             if method.needs_culprits:
                 item.culprit = self.culprit(inputs[i], self.assigner.completion_text(item.completion_ids))
+            if method.needs_task_values:
+                item.task_values = values_at[i]
             if "outcome" in method.needs:
                 text = self.processing_class.decode(item.completion_ids, skip_special_tokens=True)
                 item.outcome = self._reward(inputs[i], text)
@@ -318,7 +343,16 @@ class RREDCoTTrainer(GRPOTrainer):
         advantages: torch.Tensor,
         credits: list[TraceCredit],
     ) -> None:
-        """Keep credit records of a few traces (alternating advantage signs) every ``view_every`` steps."""
+        """Keep credit records of a few traces every ``view_every`` steps: alternately one with a
+        negative and one with a positive advantage, and within each sign traces with several segments
+        first.
+
+        A one-segment trace (no thinking before the exit, say) has nothing to redistribute between
+        segments: its σ is uniform (but for entropy weighting), a picture that shows nothing, so one is
+        kept only when its sign has no trace with several segments left. Among the
+        traces with several segments the batch's order stands (a fair sample of what the policy
+        writes, not always its longest traces).
+        """
         cfg = self.credit
         step = int(self.state.global_step)
         if (
@@ -327,11 +361,18 @@ class RREDCoTTrainer(GRPOTrainer):
             or any(v["step"] == step for v in self.credit_views)
         ):
             return
-        pos = [j for j, i in enumerate(rows) if float(advantages[i]) > 0]
-        neg = [j for j, i in enumerate(rows) if float(advantages[i]) < 0]
+
+        def candidates(sign: float) -> list[int]:
+            # A trace that is only an EOS has two equal cuts (0, 0): nothing to picture.
+            found = [
+                j
+                for j, i in enumerate(rows)
+                if float(advantages[i]) * sign > 0 and len(set(credits[j].cuts)) == len(credits[j].cuts)
+            ]
+            return sorted(found, key=lambda j: len(credits[j].segment_starts) < 2)  # stable: batch order
+
+        neg, pos = candidates(-1.0), candidates(1.0)
         order = [j for pair in zip(neg, pos, strict=False) for j in pair] + neg[len(pos) :] + pos[len(neg) :]
-        # A trace that is only an EOS has two equal cuts (0, 0): nothing to picture.
-        order = [j for j in order if len(set(credits[j].cuts)) == len(credits[j].cuts)]
         for j in order[: cfg.view_samples]:
             i, tc = rows[j], credits[j]
             self.credit_views.append(
@@ -345,6 +386,7 @@ class RREDCoTTrainer(GRPOTrainer):
                     answer=str(inputs[i].get("answer", "")),  # only methods with reference pairs need it
                     advantage=float(advantages[i]),
                     baseline_text=self.assigner.baseline_text(tc),
+                    mix=cfg.mix,
                 )
             )
 

@@ -1,5 +1,6 @@
 """Paired comparisons of training arms: bootstrap intervals of accuracy differences and of the steps
-an arm needs to reach a reference arm's final accuracy.
+an arm needs to reach a reference arm's final accuracy, and the same against training seconds
+(accuracy at equal compute, the share of the reference's cost at which the arm reaches it).
 
 Arms are paired by seed (same start model, same prompt order) and evaluated on the same problems, so
 a difference is taken seed by seed and problem by problem. Intervals come from a two-level
@@ -12,7 +13,7 @@ clearer than fitting them to scipy.stats.bootstrap's one-level interface.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,3 +146,136 @@ def seed_sd(arm: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
     between = float(diff.mean(axis=1).std(ddof=1)) if diff.shape[0] > 1 else math.nan
     within = float(np.sqrt(diff.var(axis=1, ddof=1).mean())) if diff.shape[1] > 1 else math.nan
     return between, within
+
+
+# ------------------------------------------------------------------------- accuracy against compute
+# Arms differ in what a step costs (Monte Carlo credit generates rollouts, RREDCoT scores exit
+# points), so a learning curve per step hides what an arm paid for its accuracy. The functions below
+# put each seed's curve on its own training seconds: probe step s sits at the sum of the step times
+# of steps 1..s.
+
+
+def cumulative_seconds(step_time: Mapping[int, float], steps: Sequence[int]) -> np.ndarray:
+    """Training seconds up to each of ``steps``: the sum of the times of optimizer steps 1..s (step 0,
+    before any update, sits at 0 s). ``step_time`` maps a step (1, 2, ...) to its seconds; a step
+    that is missing would make the cost look smaller than it was, so it is an error."""
+    out = []
+    for s in steps:
+        missing = [k for k in range(1, int(s) + 1) if k not in step_time]
+        if missing:
+            raise ValueError(f"no step time for step(s) {missing[:5]} (of the {len(missing)} up to step {s})")
+        out.append(float(sum(step_time[k] for k in range(1, int(s) + 1))))
+    return np.array(out, dtype=np.float64)
+
+
+def seconds_to_reach(seconds: Sequence[float], curve: Sequence[float], target: float) -> float:
+    """The training seconds at which ``curve`` (accuracies at ``seconds``) first reaches ``target``,
+    linearly interpolated between the probe before and the probe at which it does (inf if never)."""
+    x, y = np.asarray(seconds, dtype=np.float64), np.asarray(curve, dtype=np.float64)
+    reached = np.flatnonzero(y >= target - 1e-12)
+    if not len(reached):
+        return math.inf
+    i = int(reached[0])
+    if i == 0:
+        return float(x[0])
+    # y[i - 1] < target <= y[i]: the crossing lies on the segment between the two probes.
+    return float(x[i - 1] + (target - y[i - 1]) / (y[i] - y[i - 1]) * (x[i] - x[i - 1]))
+
+
+def _timed_curves(seconds: np.ndarray, curves: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """``seconds`` and ``curves`` as float64 [seeds, probes] arrays of one shape, or ValueError."""
+    x, y = np.asarray(seconds, dtype=np.float64), np.asarray(curves, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 2 or 0 in x.shape:
+        raise ValueError(
+            f"{what}: need [seeds, probes] seconds and curves of one shape, got {x.shape} and {y.shape}"
+        )
+    if (np.diff(x, axis=1) < 0).any():
+        raise ValueError(f"{what}: training seconds must not decrease along a curve")
+    return x, y
+
+
+def _timed_pair(
+    arm_seconds: np.ndarray, arm: np.ndarray, reference_seconds: np.ndarray, reference: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    xa, ya = _timed_curves(arm_seconds, arm, "arm")
+    xr, yr = _timed_curves(reference_seconds, reference, "reference")
+    if xa.shape[0] != xr.shape[0]:
+        raise ValueError(f"need the same seeds for both arms, got {xa.shape[0]} and {xr.shape[0]}")
+    if (xr[:, -1] <= 0).any():
+        raise ValueError("every reference run needs some training seconds to compare against")
+    return xa, ya, xr, yr
+
+
+def cost_shares(arm_seconds: np.ndarray, reference_seconds: np.ndarray) -> tuple[float, float, float]:
+    """The mean over seeds of each arm's total training seconds (its last probe's), and the mean over
+    seeds of the arm's total over the reference's of the same seed.
+
+    Both are [seeds, probes] cumulative seconds of the same seeds (the probes may differ)."""
+    a, r = np.asarray(arm_seconds, dtype=np.float64), np.asarray(reference_seconds, dtype=np.float64)
+    if a.ndim != 2 or r.ndim != 2 or a.shape[0] != r.shape[0] or 0 in a.shape + r.shape:
+        raise ValueError(f"need [seeds, probes] seconds of the same seeds, got {a.shape} and {r.shape}")
+    if (r[:, -1] <= 0).any():
+        raise ValueError("every reference run needs some training seconds to compare against")
+    return float(a[:, -1].mean()), float(r[:, -1].mean()), float((a[:, -1] / r[:, -1]).mean())
+
+
+def equal_compute_difference(
+    arm_seconds: np.ndarray,
+    arm: np.ndarray,
+    reference_seconds: np.ndarray,
+    reference: np.ndarray,
+    n_boot: int,
+    seed: int,
+    level: float = 0.95,
+) -> Interval:
+    """The arm's accuracy minus the reference's at equal training compute, with a bootstrap interval
+    over seeds.
+
+    Per seed, the compute both arms spent is C = min(arm total, reference total) seconds; each curve
+    is linearly interpolated at C (so the cheaper arm is read at its end and the dearer one part way),
+    and the difference is averaged over seeds. ``arm_seconds``/``arm`` and
+    ``reference_seconds``/``reference`` are [seeds, probes] cumulative seconds and accuracies of the
+    same seeds, row by row; the two arms may be probed at different steps."""
+    xa, ya, xr, yr = _timed_pair(arm_seconds, arm, reference_seconds, reference)
+    _check_level(level, n_boot)
+    per_seed = np.array(
+        [
+            np.interp(c, xa[k], ya[k]) - np.interp(c, xr[k], yr[k])
+            for k, c in enumerate(np.minimum(xa[:, -1], xr[:, -1]))
+        ]
+    )
+    rng = np.random.default_rng(seed)
+    draws = per_seed[rng.integers(0, len(per_seed), size=(n_boot, len(per_seed)))].mean(axis=1)
+    return Interval(float(per_seed.mean()), *_percentiles(draws, level))
+
+
+def reach_share(
+    arm_seconds: np.ndarray,
+    arm: np.ndarray,
+    reference_seconds: np.ndarray,
+    reference: np.ndarray,
+    n_boot: int,
+    seed: int,
+    level: float = 0.95,
+) -> Interval:
+    """The share of the reference's training seconds at which the arm reaches the reference's final
+    accuracy, with a paired bootstrap interval over seeds (inf: not reached within the arm's run).
+
+    As :func:`steps_to_reach_reference` does with steps, the arm's curve is its seed mean: at each of
+    its probe steps, the mean accuracy over seeds at the mean cumulative seconds over seeds (the seeds
+    of an arm share their probe steps). Averaging curves before looking for the crossing keeps one
+    noisy seed from deciding it. The target is the reference's final seed-mean accuracy; the seconds
+    at which the arm's mean curve first reaches it (linearly interpolated between probes) are divided
+    by the reference's mean total seconds. 0.5: the arm reaches the reference's final accuracy at
+    half the reference's cost. Arguments as in :func:`equal_compute_difference`."""
+    xa, ya, xr, yr = _timed_pair(arm_seconds, arm, reference_seconds, reference)
+    _check_level(level, n_boot)
+
+    def share(idx: np.ndarray) -> float:
+        reached = seconds_to_reach(xa[idx].mean(axis=0), ya[idx].mean(axis=0), float(yr[idx, -1].mean()))
+        return reached / float(xr[idx, -1].mean())
+
+    rng = np.random.default_rng(seed)
+    n = xa.shape[0]
+    draws = np.array([share(rng.integers(0, n, size=n)) for _ in range(n_boot)])
+    return Interval(share(np.arange(n)), *_percentiles(draws, level))

@@ -237,8 +237,12 @@ def credit_record(
     advantage: float,
     reward: float | None = None,
     baseline_text: str | None = None,
+    mix: float | None = None,
 ) -> dict[str, Any]:
-    """A JSON-ready description of one trace's credit (the input of ``rredcot.viz.credit_view``)."""
+    """A JSON-ready description of one trace's credit (the input of ``rredcot.viz.credit_view``).
+
+    ``mix`` is the setting σ was computed with (None: not known); with the segment rewards it lets a
+    picture say why σ came out uniform."""
 
     def finite(x: torch.Tensor) -> list[float | None]:
         return [float(v) if math.isfinite(float(v)) else None for v in x.flatten().tolist()]
@@ -264,4 +268,6 @@ def credit_record(
         "entropies": [float(h) for h in credit.entropies.tolist()],
         "answer_reward": credit.answer_reward,
         "answer_baseline": baseline_text,
+        "segment_rewards": credit.segment_rewards.tolist() if credit.segment_rewards.numel() else None,
+        "mix": mix,
     }

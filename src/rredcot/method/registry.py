@@ -47,6 +47,9 @@ class TraceInput:
     ``CreditAssigner.completion_text``) where it first goes wrong; None: nowhere (the ``culprit``
     need)."""
     outcome: float | None = None  # the trace's own reward in [0, 1] (the ``outcome`` need)
+    task_values: Callable[[list[int]], list[float]] | None = None
+    """The trace's values at character offsets of its completion text, computed by the task itself
+    (``rredcot.data.synthetic.exact_values``); the ``task_values`` need."""
 
 
 Rollouts = Callable[[torch.nn.Module, list[TraceInput], list[list[int]]], list[list[float]]]
@@ -102,13 +105,13 @@ class RewardSource:
     """``CreditSettings`` fields the source reads, beyond those every credit method reads."""
     needs: tuple[str, ...]
     """What the caller supplies: ``reference_pairs`` (``TraceInput.pairs``), ``culprit``,
-    ``outcome`` (``TraceInput`` fields), ``rollouts`` (``assign(rollouts=...)``)."""
+    ``outcome``, ``task_values`` (``TraceInput`` fields), ``rollouts`` (``assign(rollouts=...)``)."""
     segments: bool
     """Whether the source cuts the trace into segments (and so reads ``segmentation``)."""
     description: str
 
 
-NEEDS = ("reference_pairs", "culprit", "outcome", "rollouts")
+NEEDS = ("reference_pairs", "culprit", "outcome", "rollouts", "task_values")
 REWARD_SOURCES: dict[str, RewardSource] = {}
 """Reward sources by name (``register_reward_source`` adds one)."""
 
@@ -168,6 +171,11 @@ class CreditMethod:
     def needs_culprits(self) -> bool:
         """The caller supplies, per trace, where it first goes wrong."""
         return "culprit" in self.needs
+
+    @property
+    def needs_task_values(self) -> bool:
+        """The caller supplies, per trace, its values at exit points as the task computes them."""
+        return "task_values" in self.needs
 
     @property
     def needs_rollouts(self) -> bool:

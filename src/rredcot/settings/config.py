@@ -76,7 +76,9 @@ class Arm:
     rewards from exit-point values), entropy (token-entropy weighting), rredcot+entropy (segment shares
     spread over tokens by entropy), oracle (synthetic task only: a wrong trace's blame on the segment
     where it first goes wrong, the ceiling of segment-level blame), mc (Monte Carlo values at the same
-    exit points from policy rollouts, VinePPO-style: the unbiased, expensive reference)."""
+    exit points from policy rollouts, VinePPO-style: the unbiased, expensive reference), exact
+    (synthetic task only: values the task computes at the same exit points for a policy slipping at its
+    measured step-error rate, noise-free credit of right and wrong traces: the ceiling of credit)."""
     loss_type: LossType = "grpo"
     """TRL loss normaliser; grpo is the sequence mean (σ = 1/|o|)."""
     label: str | None = None
@@ -100,9 +102,10 @@ def _default_arms() -> dict[str, Arm]:
         "bnpo": Arm("uniform", "bnpo", "BNPO"),
         "dr_grpo": Arm("uniform", "dr_grpo", "Dr.GRPO"),
         "dapo": Arm("uniform", "dapo", "DAPO"),
-        # The ceiling of segment-level blame on the synthetic task, the Monte Carlo reference, and
-        # TRL's high-entropy token mask.
+        # The ceilings of segment-level blame and of credit on the synthetic task, the Monte Carlo
+        # reference, and TRL's high-entropy token mask.
         "oracle": Arm("oracle", "grpo", "Oracle"),
+        "exact": Arm("exact", "grpo", "Exact values"),
         "mc": Arm("mc", "grpo", "MC"),
         "entropy_mask": Arm("uniform", "grpo", "GRPO 80/20", top_entropy_quantile=0.2),
     }
@@ -559,10 +562,17 @@ class Report:
     reference: dict[str, dict[str, float]] = field(default_factory=_paper_values)
     """The paper's quoted values for table2.csv, benchmark -> {column: value}; shown in separate
     paper_<column> columns, never mixed with measured ones."""
+    pairs: list[list[str]] = field(default_factory=lambda: [["rredcot", "mc"]])
+    """Pairs [arm, reference] that paired.csv and compute.csv compare beside every arm against the
+    run's first arm. The default asks whether RREDCoT matches Monte Carlo credit at a fraction of its
+    cost. A pair with an arm the run does not train is skipped."""
 
     def __post_init__(self) -> None:
         if len(self.table2_arms) != 2:
             raise ValueError("table2_arms must name exactly two arms")
+        for pair in self.pairs:
+            if len(pair) != 2 or pair[0] == pair[1]:
+                raise ValueError(f"pairs: each pair names two different arms [arm, reference], got {pair!r}")
         if not self.table.endswith(".csv") or "/" in self.table:
             raise ValueError("table must be a file name ending in .csv")
 
@@ -657,15 +667,19 @@ class ExperimentConfig:
                     f"{source}.answer_baseline {settings.answer_baseline!r})",
                 ) from None
         for name in self.run_arms or self.arms:
-            if credit_method(self.arms[name].credit).needs_culprits and self.data.kind != "synthetic":
+            method = credit_method(self.arms[name].credit)
+            if (method.needs_culprits or method.needs_task_values) and self.data.kind != "synthetic":
                 raise SettingsError(
                     "run_arms",
                     f"arm {name} (credit {self.arms[name].credit}) needs data.kind synthetic: only the "
-                    "synthetic task knows where a wrong trace first goes wrong",
+                    "synthetic task knows where a wrong trace first goes wrong and what each step is worth",
                 )
         unknown = [a for a in self.report.table2_arms if a not in self.arms]
         if unknown:
             raise SettingsError("report.table2_arms", f"unknown arm(s) {', '.join(unknown)}")
+        unknown = sorted({a for pair in self.report.pairs for a in pair if a not in self.arms})
+        if unknown:
+            raise SettingsError("report.pairs", f"unknown arm(s) {', '.join(unknown)}")
         if prompt.style == "chat" and self.model.kind != "pretrained":
             raise SettingsError(
                 "prompt.style",

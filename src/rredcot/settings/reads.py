@@ -85,7 +85,7 @@ READS: dict[str, StageReads] = {
     ),
     "evaluate": StageReads(("eval", "prompt", "model.dtype"), (*_LOGGING, "threads.eval", "vllm_cpu")),
     "report": StageReads(
-        ("arms", "run_arms", "eval.n_samples", "eval.temperature", "rl.eval_problems")
+        ("arms", "run_arms", "report.pairs", "eval.n_samples", "eval.temperature", "rl.eval_problems")
         + ("studies.bootstrap", "studies.seed"),
         _LOGGING,
     ),
@@ -93,7 +93,9 @@ READS: dict[str, StageReads] = {
         ("arms", "run_arms", "report", "eval.n_samples", "rl.prompts_per_step", "rl.num_generations"),
         _LOGGING,
     ),
-    "claims": StageReads(("arms", "run_arms", "rl.max_steps", "credit.mc.samples"), _LOGGING),
+    "claims": StageReads(
+        ("arms", "run_arms", "rl.max_steps", "credit.mc.samples", "studies.n_traces"), _LOGGING
+    ),
     # The analyses, each handed its settings by these lists alone (their rules pass only files):
     # traces of held-out problems (analysis, localisation) or of the RL split (prm, only to train
     # the small process reward model); a set's size is its variant's setting.

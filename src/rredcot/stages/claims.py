@@ -1,7 +1,7 @@
 """The paper's claims, each checked against what this run measured: ``claims.csv`` and ``claims.md``.
 
     rredcot claims --config C --paired paired.csv --cost cost.csv --truncation fig3_truncation.csv \\
-        --attribution fig4_attribution_correlation.csv --prm fig5_prm_vs_nll.csv \\
+        --attribution fig4_attribution_correlation.csv --prm fig5_prm_vs_nll.csv --compute compute.csv \\
         --variance fig7_mc_variance.csv [--localisation localisation.json] --csv claims.csv --md claims.md
 
 One row per claim: the measured value, a 95% interval where the measurement has one, the practical
@@ -12,10 +12,15 @@ effect is, it is smaller than what matters) or ``inconclusive`` (none of these: 
 always *on this testbed*. The cost claim says where the measured ratio falls: within the paper's
 range, cheaper or dearer. A section on power gives, for each accuracy comparison, the spread over
 seeds and problems, the smallest effect the run could detect, and the seeds a ±0.01 interval needs.
-Each row names its source file, so a verdict can be traced to the numbers behind it. Two rows check
-the testbed itself rather than the paper: the oracle (perfect blame) must beat GRPO for the testbed
-to be able to judge credit at all, and RREDCoT's most-blamed segment should be a wrong trace's
-culprit.
+Each row names its source file, so a verdict can be traced to the numbers behind it. Rows named
+``testbed_*`` check the testbed itself rather than the paper: exact values (the ceiling of credit,
+which credits right traces and blames wrong ones from what the task knows, with no sampling noise)
+must beat GRPO for the testbed to be
+able to judge credit at all; perfect blame (the oracle, the ceiling of blame only) is a finding beside
+it; RREDCoT's most-blamed segment should be a wrong trace's culprit. With a Monte Carlo arm, RREDCoT is
+also held against it at equal steps and at equal training compute (``compute.csv``), as
+non-inferiority: not behind by more than the threshold. A section on the power of the correlations gives
+the study size (``studies.n_traces``) a ±0.1 interval needs.
 
 Intervals: paired bootstrap differences and steps-to-reach come from ``paired.csv``; a rank
 correlation gets the Fisher-z interval with Fieller's variance ``1.06 / (n - 3)``; a fraction of
@@ -143,16 +148,39 @@ def _finite(x: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _paired_row(paired: pl.DataFrame, label: str, metric: str) -> dict[str, Any] | None:
-    rows = paired.filter((pl.col("arm") == label) & (pl.col("metric") == metric)).to_dicts()
+def _paired_row(paired: pl.DataFrame, label: str, metric: str, reference: str) -> dict[str, Any] | None:
+    rows = paired.filter(
+        (pl.col("arm") == label) & (pl.col("metric") == metric) & (pl.col("reference") == reference)
+    ).to_dicts()
     return rows[0] if rows else None
 
 
+def verdict_not_below(low: float | None, high: float | None, threshold: float) -> str:
+    """Non-inferiority: ``supported`` when the interval lies above ``-threshold`` (the arm is at most a
+    difference that does not matter behind, or ahead), ``contradicted`` when it lies below it, else
+    ``inconclusive``."""
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return "inconclusive"
+    if low > -threshold:
+        return "supported"
+    if high < -threshold:
+        return "contradicted"
+    return "inconclusive"
+
+
 def accuracy_claim(
-    paired: pl.DataFrame, label: str, reference: str, claim: str, statement: str, source: str
+    paired: pl.DataFrame,
+    label: str,
+    reference: str,
+    claim: str,
+    statement: str,
+    source: str,
+    not_below: bool = False,
+    note: str = "",
 ) -> Claim:
-    """An arm's final sampled accuracy minus the reference's, paired by seed and problem."""
-    row = _paired_row(paired, label, "sampled")
+    """An arm's final sampled accuracy minus the reference's, paired by seed and problem; judged by
+    size, or (``not_below``) as non-inferiority: at most a difference that does not matter behind."""
+    row = _paired_row(paired, label, "sampled", reference)
     if row is None:
         return Claim(
             claim,
@@ -163,9 +191,12 @@ def accuracy_claim(
             None,
             "inconclusive",
             source,
-            f"no paired row for {label} (arm not run)",
+            f"{note}; " * bool(note) + f"no paired row for {label} against {reference} (arm not run)",
         )
     low, high = _finite(row["diff_low"]), _finite(row["diff_high"])
+    by_size = verdict_by_size(low, high, ACCURACY_THRESHOLD)
+    if not_below:
+        note = f"{note}; judged by size: {by_size}".lstrip("; ")
     return Claim(
         claim,
         statement,
@@ -174,39 +205,96 @@ def accuracy_claim(
         _finite(row["diff"]),
         low,
         high,
-        verdict_by_size(low, high, ACCURACY_THRESHOLD),
+        verdict_not_below(low, high, ACCURACY_THRESHOLD) if not_below else by_size,
         source,
-        threshold=f"±{ACCURACY_THRESHOLD} accuracy: half a point, below what would choose a method",
+        note,
+        f"-{ACCURACY_THRESHOLD} accuracy: behind by less than what would choose a method"
+        if not_below
+        else f"±{ACCURACY_THRESHOLD} accuracy: half a point, below what would choose a method",
     )
 
 
-def efficiency_claim(paired: pl.DataFrame, label: str, reference: str, last_step: int, source: str) -> Claim:
+def efficiency_claim(
+    paired: pl.DataFrame,
+    label: str,
+    reference: str,
+    last_step: int,
+    source: str,
+    claim: str = "sample_efficiency",
+    not_below: bool = False,
+) -> Claim:
     """The arm learns faster: its mean lead over the reference across the run (the area between the
-    learning curves per step), judged by size; the RL steps it needs to reach the reference's final
-    accuracy are reported beside it."""
-    statement = f"{label} learns faster than {reference}: it leads over the run (sample efficiency)"
-    row = _paired_row(paired, label, "sampled")
+    learning curves per step), judged by size (or, ``not_below``, as non-inferiority); the RL steps it
+    needs to reach the reference's final accuracy are reported beside it."""
+    statement = (
+        f"{label} learns as fast as {reference}: it is not behind over the run"
+        if not_below
+        else f"{label} learns faster than {reference}: it leads over the run (sample efficiency)"
+    )
+    row = _paired_row(paired, label, "sampled", reference)
     measure = f"mean lead of {label} over {reference} across the run (area between the learning curves)"
     if row is None or _finite(row.get("area")) is None:
         note = f"no paired row for {label}" if row is None else "no learning curves with two probes or more"
-        return Claim("sample_efficiency", statement, measure, None, None, None, "inconclusive", source, note)
+        return Claim(claim, statement, measure, None, None, None, "inconclusive", source, note)
     low, high = _finite(row["area_low"]), _finite(row["area_high"])
     steps = " ".join(
         f"{float(row[k]):.0f}" if row[k] is not None and math.isfinite(float(row[k])) else "inf"
         for k in ("steps_to_reference", "steps_low", "steps_high")
     ).split()
+    by_size = verdict_by_size(low, high, ACCURACY_THRESHOLD)
+    note = "bootstrap over seeds of each seed's area; inf: not reached within the run"
     return Claim(
-        "sample_efficiency",
+        claim,
         statement,
         f"{measure}, sampled probe accuracy; steps to reach {reference}'s final accuracy "
         f"{steps[0]} [{steps[1]}, {steps[2]}] of {last_step}",
         _finite(row["area"]),
         low,
         high,
-        verdict_by_size(low, high, ACCURACY_THRESHOLD),
+        verdict_not_below(low, high, ACCURACY_THRESHOLD) if not_below else by_size,
         source,
-        "bootstrap over seeds of each seed's area; inf: not reached within the run",
-        f"±{ACCURACY_THRESHOLD} accuracy, as for final accuracy",
+        f"{note}; judged by size: {by_size}" if not_below else note,
+        f"-{ACCURACY_THRESHOLD} accuracy, as for final accuracy"
+        if not_below
+        else f"±{ACCURACY_THRESHOLD} accuracy, as for final accuracy",
+    )
+
+
+def equal_compute_claim(compute: pl.DataFrame | None, label: str, reference: str, source: str) -> Claim:
+    """At equal training compute the arm is not behind the reference (accuracy of both learning curves
+    at the seconds of training the cheaper of the two spent, per seed); the share of the reference's
+    training seconds the arm needs to reach the reference's final accuracy is reported beside it."""
+    claim = "rredcot_matches_mc_at_equal_compute"
+    statement = (
+        f"At equal training compute {label} is not behind {reference}, and reaches {reference}'s final "
+        f"accuracy at a fraction of its cost"
+    )
+    measure = f"{label} - {reference}, sampled probe accuracy at equal training seconds"
+    rows = (
+        []
+        if compute is None
+        else compute.filter((pl.col("arm") == label) & (pl.col("reference") == reference)).to_dicts()
+    )
+    if not rows:
+        note = "no compute.csv" if compute is None else f"no {label} against {reference} (arm not run)"
+        return Claim(claim, statement, measure, None, None, None, "inconclusive", source, note)
+    row = rows[0]
+    low, high = _finite(row["equal_compute_low"]), _finite(row["equal_compute_high"])
+    reach = [_finite(row.get(k)) for k in ("reach_share", "reach_low", "reach_high")]
+    shown = ["inf" if x is None else f"{x:.2f}" for x in reach]
+    return Claim(
+        claim,
+        statement,
+        f"{measure} (per seed, at the training seconds of the cheaper arm; {row['seeds']} seeds); "
+        f"{label} trains in {_fmt(_finite(row.get('cost_share')))} of {reference}'s seconds and reaches its "
+        f"final accuracy at {shown[0]} [{shown[1]}, {shown[2]}] of them",
+        _finite(row["equal_compute_diff"]),
+        low,
+        high,
+        verdict_not_below(low, high, ACCURACY_THRESHOLD),
+        source,
+        f"judged by size: {verdict_by_size(low, high, ACCURACY_THRESHOLD)}; inf: not reached within the run",
+        f"-{ACCURACY_THRESHOLD} accuracy, as for final accuracy",
     )
 
 
@@ -489,6 +577,7 @@ def claims_table(
     variance: pl.DataFrame,
     localisation: Mapping[str, Any] | None,
     sources: Mapping[str, str],
+    compute: pl.DataFrame | None = None,
 ) -> list[Claim]:
     """Every claim, in the paper's order, then the testbed's checks."""
     arms = active_arms(cfg)
@@ -501,6 +590,8 @@ def claims_table(
         return arm_label(cfg, found[0]) if found else None
 
     rredcot, mc, oracle = label_of("rredcot"), label_of("mc"), label_of("oracle")
+    exact = label_of("exact")
+    steps = int(cfg["rl"]["max_steps"])
     claims = [
         accuracy_claim(
             paired,
@@ -510,26 +601,33 @@ def claims_table(
             f"RREDCoT reaches a higher final accuracy than {reference}",
             sources["paired"],
         ),
-        efficiency_claim(
-            paired, rredcot or "RREDCoT", reference, int(cfg["rl"]["max_steps"]), sources["paired"]
-        ),
+        efficiency_claim(paired, rredcot or "RREDCoT", reference, steps, sources["paired"]),
         tracks_mc_claim(attribution, sources["attribution"]),
         truncation_claim(truncation, sources["truncation"]),
         noise_claim(variance, int(cfg["credit"]["mc"]["samples"]), sources["variance"]),
         prm_claim(prm, sources["prm"]),
         cost_claim(cost, rredcot, mc, sources["cost"]),
         accuracy_claim(
+            paired if exact else paired.clear(),
+            exact or "Exact values",
+            reference,
+            "testbed_exact_beats_grpo",
+            f"Testbed: exact values (the ceiling of credit) beat {reference}, so the testbed can judge "
+            "credit",
+            sources["paired"],
+        ),
+        accuracy_claim(
             paired,
             oracle or "Oracle",
             reference,
             "testbed_oracle_beats_grpo",
-            f"Testbed: perfect blame (oracle) beats {reference}, so the testbed can judge credit",
+            f"Testbed finding: perfect blame (oracle, the ceiling of blame only) beats {reference}",
             sources["paired"],
         ),
     ]
     if mc is not None:
-        claims.insert(
-            1,
+        compute_source = sources.get("compute", "compute.csv")
+        claims[1:1] = [
             accuracy_claim(
                 paired,
                 mc,
@@ -538,7 +636,29 @@ def claims_table(
                 f"Monte Carlo credit reaches a higher final accuracy than {reference}",
                 sources["paired"],
             ),
-        )
+        ]
+        claims[3:3] = [
+            efficiency_claim(paired, mc, reference, steps, sources["paired"], claim="mc_sample_efficiency"),
+            accuracy_claim(
+                paired,
+                rredcot or "RREDCoT",
+                mc,
+                "rredcot_matches_mc",
+                f"RREDCoT's credit is as good as Monte Carlo's: its final accuracy is not behind {mc}'s",
+                sources["paired"],
+                not_below=True,
+            ),
+            efficiency_claim(
+                paired,
+                rredcot or "RREDCoT",
+                mc,
+                steps,
+                sources["paired"],
+                claim="rredcot_matches_mc_over_the_run",
+                not_below=True,
+            ),
+            equal_compute_claim(compute, rredcot or "RREDCoT", mc, compute_source),
+        ]
     if localisation is not None:
         claims.append(localisation_claim(localisation, sources["localisation"]))
     return claims
@@ -577,7 +697,9 @@ def power_table(paired: pl.DataFrame) -> list[Power]:
     read off the bootstrap interval) and the seeds a ±POWER_HALF_WIDTH interval needs (normal
     approximation from the two spreads)."""
     out = []
-    for row in paired.filter(pl.col("metric") == "sampled").iter_rows(named=True):
+    sampled = paired.filter(pl.col("metric") == "sampled")
+    first = sampled["reference"][0] if not sampled.is_empty() else None  # the run's first arm
+    for row in sampled.iter_rows(named=True):
         low, high = _finite(row["diff_low"]), _finite(row["diff_high"])
         half = None if low is None or high is None else (high - low) / 2
         se = None if half is None else half / Z95
@@ -588,7 +710,7 @@ def power_table(paired: pl.DataFrame) -> list[Power]:
             needed = max(2, math.ceil(Z95**2 * per_seed / POWER_HALF_WIDTH**2))
         out.append(
             Power(
-                row["arm"],
+                row["arm"] if row["reference"] == first else f"{row['arm']} - {row['reference']}",
                 int(row["seeds"]),
                 int(row["problems"]),
                 between,
@@ -602,7 +724,112 @@ def power_table(paired: pl.DataFrame) -> list[Power]:
     return out
 
 
-def markdown(claims: Sequence[Claim], experiment: str, power: Sequence[Power] = ()) -> str:
+CORRELATION_HALF_WIDTH = 0.1
+"""A correlation claim is powered when its 95% interval is no wider than ±0.1: enough to tell a
+moderate agreement (the 0.3 line) from a strong one."""
+
+
+def correlation_n(rho: float, half_width: float = CORRELATION_HALF_WIDTH) -> int | None:
+    """The fewest pairs whose Fisher interval around ``rho`` (``fisher_interval``) is at most
+    ``half_width`` on each side; None for a correlation that is not finite."""
+    if not math.isfinite(rho):
+        return None
+
+    def fits(n: int) -> bool:
+        low, high = fisher_interval(rho, n)
+        return max(rho - low, high - rho) <= half_width
+
+    hi = 8
+    while not fits(hi):
+        hi *= 2
+    lo = hi // 2
+    while lo + 1 < hi:  # the interval narrows as n grows: the first n that fits
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return max(hi, 4)
+
+
+def separation_n(a: float, b: float) -> int | None:
+    """The fewest pairs (each correlation over as many) at which the Fisher intervals of ``|a|`` and
+    ``|b|`` no longer overlap, if the correlations stayed as measured; None when they are equal."""
+    a, b = abs(a), abs(b)
+    if not (math.isfinite(a) and math.isfinite(b)) or a == b:
+        return None
+    n = 4
+    while n < 10**7:
+        (a_low, a_high), (b_low, b_high) = fisher_interval(a, n), fisher_interval(b, n)
+        if a_low > b_high or b_low > a_high:
+            return n
+        n = max(n + 1, int(n * 1.05))
+    return None
+
+
+@dataclass
+class CorrelationPower:
+    """What one correlation of a claim could resolve, and the study size that would."""
+
+    claim: str
+    what: str
+    rho: float
+    n: int
+    half_width: float
+    n_needed: int | None  # pairs for a ±CORRELATION_HALF_WIDTH interval (or for the PRM's separation)
+    traces_needed: int | None  # analysis traces that give them, at this run's pairs per trace
+
+    @property
+    def powered(self) -> bool:
+        return self.half_width <= CORRELATION_HALF_WIDTH
+
+
+def correlation_power(attribution: pl.DataFrame, prm: pl.DataFrame, n_traces: int) -> list[CorrelationPower]:
+    """The correlations behind ``rredcot_tracks_mc`` (the late one and over all segments) and
+    ``prm_follows_thought_nll`` (PRM score against Δ thought and Δ answer NLL): each one's interval and
+    the pairs, then the analysis traces (``studies.n_traces``, scaled by this run's pairs per trace), a
+    ±CORRELATION_HALF_WIDTH interval needs; for the PRM claim also the size at which its two intervals
+    part, if the correlations stayed as measured."""
+    out = []
+
+    def row(claim: str, what: str, rho: float, n: int, needed: int | None) -> CorrelationPower:
+        low, high = fisher_interval(rho, n)
+        half = max(rho - low, high - rho) if math.isfinite(low) else math.inf
+        traces = None if needed is None or n <= 0 else math.ceil(n_traces * needed / n)
+        return CorrelationPower(claim, what, rho, n, half, needed, traces)
+
+    pair = attribution.filter(
+        ((pl.col("method_a") == "rredcot") & (pl.col("method_b") == "mc"))
+        | ((pl.col("method_a") == "mc") & (pl.col("method_b") == "rredcot"))
+    ).sort("fraction")
+    pair = pair.filter(pl.col("spearman").is_not_nan() & (pl.col("n") >= 4))
+    if not pair.is_empty():
+        for r in (pair.row(0, named=True), pair.row(-1, named=True)):
+            rho, n = float(r["spearman"]), int(r["n"])
+            where = f"last {r['fraction']:.0%} of the thinking" if r["fraction"] < 1 else "all segments"
+            out.append(
+                row("rredcot_tracks_mc", f"Spearman(RREDCoT, MC), {where}", rho, n, correlation_n(rho))
+            )
+    base = (
+        prm.filter((pl.col("prm") == "prm_score") & (~pl.col("given_answer"))) if not prm.is_empty() else prm
+    )
+    found = {r["nll"]: r for r in base.to_dicts()} if not base.is_empty() else {}
+    thought, answer = found.get("d_thought_nll"), found.get("d_answer_nll")
+    if thought is not None and answer is not None:
+        t, a = abs(float(thought["spearman"])), abs(float(answer["spearman"]))
+        if math.isfinite(t) and math.isfinite(a):
+            apart = separation_n(t, a)
+            for name, rho, r in (("Δ thought NLL", t, thought), ("Δ answer NLL", a, answer)):
+                needed = max(filter(None, (correlation_n(rho), apart)), default=None)
+                out.append(
+                    row("prm_follows_thought_nll", f"|Spearman(PRM, {name})|", rho, int(r["n"]), needed)
+                )
+    return out
+
+
+def markdown(
+    claims: Sequence[Claim],
+    experiment: str,
+    power: Sequence[Power] = (),
+    correlations: Sequence[CorrelationPower] = (),
+) -> str:
     lines = [
         f"# Claims of the paper, checked on this testbed ({experiment})",
         "",
@@ -611,7 +838,10 @@ def markdown(claims: Sequence[Claim], experiment: str, power: Sequence[Power] = 
         "±threshold: whatever the effect, it is smaller than what matters), **inconclusive** (the run "
         "cannot tell); the cost claim says where the ratio falls against the paper's range. A verdict "
         "holds for this testbed and these settings only. Rows named `testbed_*` check the testbed "
-        "itself: without an oracle that beats GRPO it cannot judge credit assignment.",
+        "itself. `testbed_exact_beats_grpo` decides whether it can judge credit assignment: exact values "
+        "credit right traces and blame wrong ones from what the task knows, with no sampling noise, so "
+        "where they do not beat GRPO the testbed cannot show that credit helps. Perfect blame "
+        "(`testbed_oracle_beats_grpo`) moves only a wrong trace's blame and is reported as a finding.",
         "",
     ]
     if power:
@@ -666,6 +896,25 @@ def markdown(claims: Sequence[Claim], experiment: str, power: Sequence[Power] = 
                 f"±{_fmt(p.half_width)} | {_fmt(p.detectable)} | {_fmt(p.detectable_by_size)} | "
                 f"{p.seeds_needed if p.seeds_needed is not None else '-'} |"
             )
+    if correlations:
+        lines += [
+            "",
+            "## Power of the correlations",
+            "",
+            f"Each correlation behind a claim, its 95% Fisher interval's half-width, and the pairs a "
+            f"±{CORRELATION_HALF_WIDTH} interval needs (for the PRM claim: or the pairs at which its two "
+            "intervals part, if the correlations stayed as measured, whichever is more), then the analysis "
+            "traces (`studies.n_traces`) that give them at this run's pairs per trace.",
+            "",
+            "| claim | correlation | ρ | pairs | 95% half-width | pairs needed | traces needed |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for c in correlations:
+            lines.append(
+                f"| `{c.claim}` | {cell(c.what)} | {_fmt(c.rho)} | {c.n} | ±{_fmt(c.half_width)} | "
+                f"{c.n_needed if c.n_needed is not None else '-'} | "
+                f"{c.traces_needed if c.traces_needed is not None else '-'} |"
+            )
     lines += [
         "",
         f"Lines of our own: an accuracy difference matters from {ACCURACY_THRESHOLD} on, a rank "
@@ -692,11 +941,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--prm", required=True, type=Path, help="Figure 5's CSV")
     ap.add_argument("--variance", required=True, type=Path, help="Figure 7's CSV")
     ap.add_argument("--localisation", type=Path, help="rredcot study-localisation summary (synthetic task)")
+    ap.add_argument(
+        "--compute", type=Path, help="rredcot report --compute output (accuracy at equal compute)"
+    )
     ap.add_argument("--csv", required=True, type=Path)
     ap.add_argument("--md", required=True, type=Path)
     args = ap.parse_args(argv)
     cfg = stage_config(args.config, "claims")
-    files = ("paired", "cost", "truncation", "attribution", "prm", "variance", "localisation")
+    files = ("paired", "cost", "truncation", "attribution", "prm", "variance", "localisation", "compute")
     sources = {k: Path(getattr(args, k)).name if getattr(args, k) else "" for k in files}
     with stage_run(cfg, "claims", rule="claims", params={k: str(getattr(args, k)) for k in files}) as run:
         claims = claims_table(
@@ -709,13 +961,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             pl.read_csv(args.variance),
             json.loads(args.localisation.read_text()) if args.localisation else None,
             sources,
+            pl.read_csv(args.compute) if args.compute else None,
         )
         frame = pl.DataFrame([asdict(c) for c in claims], infer_schema_length=None)
         with atomic_path(args.csv) as tmp:
             frame.write_csv(tmp)
         power = power_table(pl.read_csv(args.paired))
+        correlations = correlation_power(
+            pl.read_csv(args.attribution), pl.read_csv(args.prm), int(cfg["studies"]["n_traces"])
+        )
         with atomic_path(args.md) as tmp:
-            Path(tmp).write_text(markdown(claims, cfg["experiment"], power))
+            Path(tmp).write_text(markdown(claims, cfg["experiment"], power, correlations))
         counts = {
             v: sum(c.verdict == v for c in claims)
             for v in ("supported", "contradicted", "too small to matter", "inconclusive")

@@ -2,16 +2,20 @@
 
 ``table1``: rows = benchmark x metric, columns = base (SFT) and every arm, each as mean and standard
 deviation over seeds plus the number of seeds (the paper's Table 1 shape, with spread).
-``paired``: every arm against the run's first arm (GRPO in the default), paired by seed and problem:
-final accuracy differences and the steps to reach the first arm's final accuracy, with bootstrap
+``paired``: every arm against the run's first arm (GRPO in the default), and the pairs of
+``report.pairs`` (RREDCoT against Monte Carlo credit in the default), paired by seed and problem:
+final accuracy differences and the steps to reach the reference's final accuracy, with bootstrap
 intervals (``rredcot.infra.stats``).
+``compute``: the same pairs against training seconds (each job's step times): the cost of each arm,
+its accuracy at equal compute, and the share of the reference's cost at which it reaches the
+reference's final accuracy.
 ``curve``: held-out accuracy (greedy and sampled panels) vs RL step, one line per arm, seeds as a
 band (95% bootstrap interval of the mean over seeds), and a third panel with each arm's sampled
 accuracy minus the first arm's, paired by seed and step (the band: the same interval over the
 per-seed differences, which leave out what the arms of one seed share).
 
 CLI: ``rredcot report --config C --summaries S1.json ... --curves c1.csv ... --table table1.csv
-[--paired paired.csv] --figure learning_curve.png``.
+[--paired paired.csv] [--metrics m1.jsonl ... --compute compute.csv] --figure learning_curve.png``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,17 @@ import polars as pl
 from rredcot.infra.io import atomic_path, read_jsonl
 from rredcot.infra.logs import setup_logging
 from rredcot.infra.results import BASE, load_summaries
-from rredcot.infra.stats import Interval, paired_area, paired_difference, seed_sd, steps_to_reach_reference
+from rredcot.infra.stats import (
+    Interval,
+    cost_shares,
+    cumulative_seconds,
+    equal_compute_difference,
+    paired_area,
+    paired_difference,
+    reach_share,
+    seed_sd,
+    steps_to_reach_reference,
+)
 from rredcot.settings.config import active_arms, arm_label
 from rredcot.settings.reads import stage_config
 
@@ -108,68 +122,97 @@ def _curves(curve: pl.DataFrame, arm: str, seeds: list[int], steps: list[int], m
     return np.array([[by.get((s, t), math.nan) for t in steps] for s in seeds])
 
 
+def comparisons(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The (arm, reference) pairs of paired.csv and compute.csv: every arm against the run's first
+    arm, then each pair of ``report.pairs`` whose two arms the run trains (one it does not is skipped,
+    and the log says so), none twice."""
+    arms = active_arms(cfg)
+    pairs = [(arm, arms[0]) for arm in arms[1:]]
+    for arm, reference in cfg["report"]["pairs"]:
+        absent = [a for a in (arm, reference) if a not in arms]
+        if absent:
+            _log.info(
+                "report.pairs: %s against %s skipped, the run does not train %s (run arms: %s)",
+                arm,
+                reference,
+                " or ".join(absent),
+                ", ".join(arms),
+            )
+        elif (arm, reference) not in pairs:
+            pairs.append((arm, reference))
+    return pairs
+
+
+def paired_rows(
+    cfg: Mapping[str, Any],
+    arm: str,
+    reference: str,
+    scores: Mapping[tuple[str, int], dict[str, dict[str, float]]],
+    curve: pl.DataFrame | None,
+) -> list[dict[str, Any]]:
+    """The rows of ``arm`` against ``reference`` (one per metric), over the seeds both have and the
+    problems every one of their evaluations scored; see :func:`paired_table`."""
+    n_boot, seed = cfg["studies"]["bootstrap"], cfg["studies"]["seed"]
+    seeds = sorted(s for a, s in scores if a == arm and (reference, s) in scores)
+    rows = []
+    for metric in ("greedy", "sampled"):
+        runs = [scores[(x, s)][metric] for s in seeds for x in (arm, reference)]
+        ids = sorted(set.intersection(*map(set, runs))) if runs else []
+        if not ids:
+            continue
+        arm_scores = _matrix(scores, arm, seeds, metric, ids)
+        reference_scores = _matrix(scores, reference, seeds, metric, ids)
+        diff = paired_difference(arm_scores, reference_scores, n_boot, seed)
+        spread = seed_sd(arm_scores, reference_scores)
+        reach = area = Interval(math.nan, math.nan, math.nan)
+        if curve is not None:
+            steps = sorted(
+                set(curve.filter(pl.col("arm") == arm)["step"])
+                & set(curve.filter(pl.col("arm") == reference)["step"])
+            )
+            if steps:
+                arm_curves = _curves(curve, arm, seeds, steps, metric)
+                reference_curves = _curves(curve, reference, seeds, steps, metric)
+                reach = steps_to_reach_reference(steps, arm_curves, reference_curves, n_boot, seed)
+                if len(steps) > 1:
+                    area = paired_area(steps, arm_curves, reference_curves, n_boot, seed)
+        rows.append(
+            {
+                "arm": arm_label(cfg, arm),
+                "reference": arm_label(cfg, reference),
+                "metric": metric,
+                "seeds": len(seeds),
+                "problems": len(ids),
+                "diff": round(diff.estimate, 4),
+                "diff_low": round(diff.low, 4),
+                "diff_high": round(diff.high, 4),
+                "steps_to_reference": reach.estimate,
+                "steps_low": reach.low,
+                "steps_high": reach.high,
+                "area": round(area.estimate, 4),
+                "area_low": round(area.low, 4),
+                "area_high": round(area.high, 4),
+                "seed_sd": round(spread[0], 4),
+                "problem_sd": round(spread[1], 4),
+            }
+        )
+    return rows
+
+
 def paired_table(cfg: Mapping[str, Any], summaries: Sequence[str], curves: Sequence[str]) -> pl.DataFrame:
-    """Each arm against the first arm of the run (GRPO in the default), paired by seed and problem.
+    """Each arm against the first arm of the run (GRPO in the default), then the pairs of
+    ``report.pairs`` (:func:`comparisons`), paired by seed and problem.
 
     Per metric: the final held-out accuracy difference with a two-level bootstrap interval (seeds,
     then problems) and its spread (``seed_sd``: over seeds of each seed's mean difference;
     ``problem_sd``: over problems within a seed); the RL steps the arm's mean learning curve needs to
     reach the reference's final accuracy, and the area between the curves per step (``area``: the
     arm's mean lead over the run), each with a bootstrap interval over seeds (inf: not reached)."""
-    arms = active_arms(cfg)
-    reference, others = arms[0], arms[1:]
-    n_boot, seed = cfg["studies"]["bootstrap"], cfg["studies"]["seed"]
     scores = _scores(summaries)
     curve = pl.concat([pl.read_csv(c) for c in curves]) if curves else None
-    rows = []
-    for arm in others:
-        seeds = sorted(s for a, s in scores if a == arm and (reference, s) in scores)
-        for metric in ("greedy", "sampled"):
-            runs = [scores[(x, s)][metric] for s in seeds for x in (arm, reference)]
-            ids = sorted(set.intersection(*map(set, runs))) if runs else []
-            if not ids:
-                continue
-            diff = paired_difference(
-                _matrix(scores, arm, seeds, metric, ids),
-                _matrix(scores, reference, seeds, metric, ids),
-                n_boot,
-                seed,
-            )
-            spread = seed_sd(
-                _matrix(scores, arm, seeds, metric, ids), _matrix(scores, reference, seeds, metric, ids)
-            )
-            reach = area = Interval(math.nan, math.nan, math.nan)
-            if curve is not None:
-                steps = sorted(
-                    set(curve.filter(pl.col("arm") == arm)["step"])
-                    & set(curve.filter(pl.col("arm") == reference)["step"])
-                )
-                if steps:
-                    arm_curves = _curves(curve, arm, seeds, steps, metric)
-                    reference_curves = _curves(curve, reference, seeds, steps, metric)
-                    reach = steps_to_reach_reference(steps, arm_curves, reference_curves, n_boot, seed)
-                    if len(steps) > 1:
-                        area = paired_area(steps, arm_curves, reference_curves, n_boot, seed)
-            rows.append(
-                {
-                    "arm": arm_label(cfg, arm),
-                    "reference": arm_label(cfg, reference),
-                    "metric": metric,
-                    "seeds": len(seeds),
-                    "problems": len(ids),
-                    "diff": round(diff.estimate, 4),
-                    "diff_low": round(diff.low, 4),
-                    "diff_high": round(diff.high, 4),
-                    "steps_to_reference": reach.estimate,
-                    "steps_low": reach.low,
-                    "steps_high": reach.high,
-                    "area": round(area.estimate, 4),
-                    "area_low": round(area.low, 4),
-                    "area_high": round(area.high, 4),
-                    "seed_sd": round(spread[0], 4),
-                    "problem_sd": round(spread[1], 4),
-                }
-            )
+    rows = [
+        row for arm, reference in comparisons(cfg) for row in paired_rows(cfg, arm, reference, scores, curve)
+    ]
     schema = {
         "arm": pl.String,
         "reference": pl.String,
@@ -189,6 +232,105 @@ def paired_table(cfg: Mapping[str, Any], summaries: Sequence[str], curves: Seque
                 "area_high",
                 "seed_sd",
                 "problem_sd",
+            ),
+            pl.Float64,
+        ),
+    }
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _step_times(metrics: Sequence[str | Path]) -> dict[tuple[str, int], dict[int, float]]:
+    """Per (arm, seed): each optimizer step's seconds, from the training job's ``metrics.jsonl``
+    (``<train dir>/<arm>/seed<k>/metrics.jsonl``; rows without ``step_time`` are other logs)."""
+    out: dict[tuple[str, int], dict[int, float]] = {}
+    for path in map(Path, metrics):
+        seed = path.parent.name.removeprefix("seed")
+        if not seed.isdigit():
+            raise ValueError(f"{path}: expected <arm>/seed<k>/metrics.jsonl")
+        out[(path.parent.parent.name, int(seed))] = {
+            int(row["step"]): float(row["step_time"]) for row in read_jsonl(path) if "step_time" in row
+        }
+    return out
+
+
+def _timed_curves(
+    curve: pl.DataFrame, times: Mapping[tuple[str, int], dict[int, float]], arm: str, seeds: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """[seeds, probes] cumulative training seconds and sampled accuracies of one arm, at the probe
+    steps every one of ``seeds`` has."""
+    rows = curve.filter(
+        pl.col("arm") == arm, pl.col("seed").is_in(seeds), pl.col("sampled").cast(pl.Float64).is_not_nan()
+    )
+    steps = sorted(set.intersection(*(set(rows.filter(pl.col("seed") == s)["step"]) for s in seeds)))
+    seconds = np.array([cumulative_seconds(times[(arm, s)], steps) for s in seeds])
+    return seconds, _curves(rows, arm, seeds, steps, "sampled")
+
+
+def compute_table(
+    cfg: Mapping[str, Any], curves: Sequence[str], metrics: Sequence[str | Path]
+) -> pl.DataFrame:
+    """Accuracy against training compute, for the pairs of paired.csv (:func:`comparisons`), over the
+    seeds both arms have a learning curve and step times for.
+
+    Each seed's sampled learning curve is put on its training seconds (probe step s at the sum of
+    the times of steps 1..s, :func:`rredcot.infra.stats.cumulative_seconds`). ``arm_seconds`` and
+    ``reference_seconds``: the mean total seconds of each arm's runs; ``cost_share``: the mean over
+    seeds of their ratio; ``equal_compute_diff``: the arm's accuracy minus the reference's at the
+    compute both spent (:func:`~rredcot.infra.stats.equal_compute_difference`); ``reach_share``: the
+    share of the reference's seconds at which the arm's mean curve reaches the reference's final
+    accuracy (:func:`~rredcot.infra.stats.reach_share`; inf: not reached). Intervals: bootstrap over
+    seeds (``studies.bootstrap``, ``studies.seed``)."""
+    n_boot, seed = cfg["studies"]["bootstrap"], cfg["studies"]["seed"]
+    curve = pl.concat([pl.read_csv(c) for c in curves])
+    times = _step_times(metrics)
+    runs = {(a, int(s)) for a, s in curve.select("arm", "seed").unique().iter_rows()} & set(times)
+    rows = []
+    for arm, reference in comparisons(cfg):
+        seeds = sorted(s for a, s in runs if a == arm and (reference, s) in runs)
+        if not seeds:
+            _log.info(
+                "compute: %s against %s skipped, no seed has curves and step times of both", arm, reference
+            )
+            continue
+        arm_seconds, arm_curves = _timed_curves(curve, times, arm, seeds)
+        reference_seconds, reference_curves = _timed_curves(curve, times, reference, seeds)
+        if any(x.shape[1] == 0 or not (x[:, -1] > 0).all() for x in (arm_seconds, reference_seconds)):
+            _log.info("compute: %s against %s skipped, no probe after training steps", arm, reference)
+            continue
+        mean_arm, mean_reference, share = cost_shares(arm_seconds, reference_seconds)
+        timed = (arm_seconds, arm_curves, reference_seconds, reference_curves, n_boot, seed)
+        equal, reach = equal_compute_difference(*timed), reach_share(*timed)
+        rows.append(
+            {
+                "arm": arm_label(cfg, arm),
+                "reference": arm_label(cfg, reference),
+                "seeds": len(seeds),
+                "arm_seconds": round(mean_arm, 2),
+                "reference_seconds": round(mean_reference, 2),
+                "cost_share": round(share, 4),
+                "equal_compute_diff": round(equal.estimate, 4),
+                "equal_compute_low": round(equal.low, 4),
+                "equal_compute_high": round(equal.high, 4),
+                "reach_share": round(reach.estimate, 4),
+                "reach_low": round(reach.low, 4),
+                "reach_high": round(reach.high, 4),
+            }
+        )
+    schema = {
+        "arm": pl.String,
+        "reference": pl.String,
+        "seeds": pl.Int64,
+        **dict.fromkeys(
+            (
+                "arm_seconds",
+                "reference_seconds",
+                "cost_share",
+                "equal_compute_diff",
+                "equal_compute_low",
+                "equal_compute_high",
+                "reach_share",
+                "reach_low",
+                "reach_high",
             ),
             pl.Float64,
         ),
@@ -311,11 +453,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument("--curves", nargs="+", required=True, help="learning curves (CSV) of the trained arms")
     ap.add_argument("--table", required=True, help="output comparison table (CSV)")
-    ap.add_argument("--paired", help="output paired comparison with the first arm (CSV; bootstrap intervals)")
+    ap.add_argument(
+        "--paired",
+        help="output paired comparison with the first arm and report.pairs (CSV; bootstrap intervals)",
+    )
+    ap.add_argument(
+        "--metrics",
+        nargs="+",
+        default=[],
+        help="per-step training metrics (<arm>/seed<k>/metrics.jsonl) of the trained arms, for --compute",
+    )
+    ap.add_argument(
+        "--compute", help="output accuracy against training compute, same pairs (CSV; needs --metrics)"
+    )
     ap.add_argument(
         "--figure", required=True, help="output learning-curve figure (PNG; a PDF is written beside)"
     )
     args = ap.parse_args(argv)
+    if args.compute and not args.metrics:
+        ap.error("--compute needs the training metrics (--metrics)")
     cfg = stage_config(args.config, "report")
     with stage_run(cfg, "report", rule="report") as run:
         table = write_table(cfg, args.summaries, args.table)
@@ -328,8 +484,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             with atomic_path(args.paired) as tmp:
                 paired.write_csv(tmp)
             with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200):
-                _log.info("paired with %s:\n%s", active_arms(cfg)[0], paired)
+                _log.info("paired with %s and report.pairs:\n%s", active_arms(cfg)[0], paired)
             outputs.append(args.paired)
+        if args.compute:
+            compute = compute_table(cfg, args.curves, args.metrics)
+            with atomic_path(args.compute) as tmp:
+                compute.write_csv(tmp)
+            with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200):
+                _log.info("accuracy against training compute:\n%s", compute)
+            outputs.append(args.compute)
         for path in outputs:
             run.log_artifact(path)
 

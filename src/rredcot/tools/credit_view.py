@@ -129,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             advantage=r["advantage"],
             reward=1.0 if r["advantage"] > 0 else 0.0,
             baseline_text=assigner.baseline_text(tc),
+            mix=credit.mix,
         )
         for r, item, tc in zip(rows, items, credits, strict=True)
         if item.completion_ids

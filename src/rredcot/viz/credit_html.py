@@ -15,6 +15,7 @@ from rredcot.viz.credit_record import (
     record_segments,
     token_ratios,
     token_segments,
+    uniform_reason,
     validate_record,
 )
 
@@ -38,6 +39,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .legend span { display: inline-block; width: 3.2em; text-align: center; padding: .15em 0; }
 .legend .cap { width: auto; padding: 0 .8em 0 0; }
 .empty { color: #888; font-style: italic; }
+.uniform { color: #b2182b; font-weight: 600; margin: .2em 0 .6em; }
 svg text { font-family: system-ui, sans-serif; }
 """
 
@@ -83,8 +85,10 @@ def _html_header(record: Mapping[str, Any]) -> str:
             "<tr><th>greedy solution at the exit</th>"
             f"<td class='mono'>{_esc(record['answer_baseline'])}</td></tr>"
         )
+    reason = uniform_reason(record)
+    note = "" if reason is None else f"<p class='uniform'>{_esc(reason)}</p>"
     return (
-        f"<h1>Trace <span class='mono'>{_esc(record['trace_id'])}</span></h1>"
+        f"<h1>Trace <span class='mono'>{_esc(record['trace_id'])}</span></h1>{note}"
         f"<table class='meta'>{cells}{answer}</table>"
         f"<h2>Prompt</h2><div class='prompt'>{_esc(record['prompt'])}</div>"
     )

@@ -18,12 +18,14 @@ from rredcot.viz.credit_record import (
     CLIP_LOG2,
     MONO_ADVANCE_EM,
     MONO_FONT,
+    STOPS,
     Segment,
     credit_rgb,
     is_dark,
     nll_series,
     record_segments,
     token_ratios,
+    uniform_reason,
     validate_record,
 )
 
@@ -185,10 +187,12 @@ def render_png(record: Mapping[str, Any], path: str | Path, *, wrap: int = 100, 
 
     validate_record(record)
     layout = layout_text(record["tokens"], record["segment_starts"], wrap)
-    geo = _PngGeometry(font_pt=9.5, wrap=wrap, n_lines=layout.n_lines)
+    reason = uniform_reason(record)
+    header = 0.62 if reason is None else 0.84  # a third title line
+    geo = _PngGeometry(font_pt=9.5, wrap=wrap, n_lines=layout.n_lines, header=header)
     fig = plt.figure(figsize=(geo.width, geo.height))
     try:
-        _png_header(fig, geo, record)
+        title = _png_header(fig, geo, record, reason)
         ax_values = fig.add_axes(geo.rect(geo.values_y, geo.values_h))
         ax_sigma = fig.add_axes(geo.rect(geo.sigma_y, geo.sigma_h), sharex=ax_values)
         plot_values(ax_values, record)
@@ -197,14 +201,19 @@ def render_png(record: Mapping[str, Any], path: str | Path, *, wrap: int = 100, 
         _png_text(fig.add_axes(geo.rect(geo.text_y, geo.text_h)), record, layout, geo)
         out = Path(path)
         with atomic_path(out) as tmp:
-            fig.savefig(tmp, format="png", dpi=min(dpi, 30000 / geo.height), facecolor="white")
+            # The title lines go into the file's text chunks too, so they can be read without looking.
+            metadata = {"Title": title[0], "Description": "\n".join(title[1:])}
+            fig.savefig(
+                tmp, format="png", dpi=min(dpi, 30000 / geo.height), facecolor="white", metadata=metadata
+            )
     finally:
         plt.close(fig)
     return out
 
 
-def _png_header(fig: Any, geo: _PngGeometry, record: Mapping[str, Any]) -> None:
-    """Title lines: identification, outcome, label answer and prompt."""
+def _png_header(fig: Any, geo: _PngGeometry, record: Mapping[str, Any], reason: str | None) -> list[str]:
+    """Title lines: identification, outcome, label answer and prompt, then why σ is uniform when it
+    is (``uniform_reason``; the geometry's header leaves room for it). Returns the lines drawn."""
     step = "–" if record["step"] is None else record["step"]
     line1 = (
         f"trace {record['trace_id']}   step {step}   {record['method']}   "
@@ -214,6 +223,10 @@ def _png_header(fig: Any, geo: _PngGeometry, record: Mapping[str, Any]) -> None:
     x, top = geo.left / geo.width, 1 - 0.1 / geo.height
     fig.text(x, top, line1, fontsize=11, weight="bold", va="top", parse_math=False)
     fig.text(x, top - 0.27 / geo.height, line2, fontsize=8.5, va="top", parse_math=False)
+    if reason is None:
+        return [line1, line2]
+    fig.text(x, top - 0.5 / geo.height, reason, fontsize=9.5, color=STOPS[-1][1], va="top", parse_math=False)
+    return [line1, line2, reason]
 
 
 def _one_line(text: str, limit: int) -> str:

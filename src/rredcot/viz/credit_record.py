@@ -23,6 +23,9 @@ Input is one *credit record* per trace, a JSON-serialisable dict::
                                         ``cuts`` end at its start)
     answer_baseline                     optional str: the final solution the answer segment was
                                         judged against (the model's greedy one at its exit)
+    segment_rewards                     optional list[float]: r̂ per segment as σ used them (the
+                                        answer segment's last); None for a method without segments
+    mix                                 optional float: the ``credit.mix`` σ was computed with
 
 σ is shown relative to uniform credit, σ·|o| (1 = every token weighted alike), on a diverging log
 scale: blue below uniform, white at uniform, red above, clipped at ``2**±CLIP_LOG2``.
@@ -55,6 +58,10 @@ _DARK: float = 0.75
 
 # Tolerance of the "σ sums to 1" check: σ is usually computed in float32.
 _SIGMA_SUM_TOL: float = 1e-3
+
+# σ·|o| within this of 1 on every token is uniform credit: the methods then give exactly 1/|o|
+# (σ·|o| = 1.0 in float32), and credit that was moved at all moves far more than this.
+_UNIFORM_TOL: float = 1e-6
 
 # DejaVu Sans Mono (matplotlib's bundled monospace font) advances every glyph by 1233/2048 em.
 MONO_FONT = "DejaVu Sans Mono"
@@ -92,6 +99,12 @@ def validate_record(record: Mapping[str, Any]) -> None:
         raise ValueError("'answer_reward' must be a finite number or None")
     if record.get("answer_baseline") is not None and not isinstance(record["answer_baseline"], str):
         raise ValueError("'answer_baseline' must be a string or None")
+    if record.get("segment_rewards") is not None:
+        if not all(_is_finite(r) for r in _sequence(record, "segment_rewards")):
+            raise ValueError("'segment_rewards' must be a list of finite numbers or None")
+    mix = record.get("mix")
+    if mix is not None and not (_is_finite(mix) and 0.0 <= mix <= 1.0):
+        raise ValueError("'mix' must be a number in [0, 1] or None")
 
 
 def _field(record: Mapping[str, Any], key: str) -> Any:
@@ -220,6 +233,45 @@ def token_segments(record: Mapping[str, Any]) -> list[int]:
     """Segment index of every token."""
     starts = list(record["segment_starts"])
     return [bisect.bisect_right(starts, t) - 1 for t in range(len(record["tokens"]))]
+
+
+def uniform_reason(record: Mapping[str, Any]) -> str | None:
+    """Why σ is uniform over the trace, in words for the pictures' titles; None when σ moved credit
+    (or the trace is empty).
+
+    The cases are those in which the credit methods give every token exactly 1/|o|
+    (``rredcot.method.credit.token_multiplier`` and ``entropy_multiplier``): the uniform method, a zero
+    advantage, ``mix`` 0, entropy weighting with every entropy 0, a single segment (no other segment
+    to move credit to), and no segment reward of the advantage's sign (all of them 0 included).
+    Fields a record lacks (``mix``, ``segment_rewards``) rule their cases out; a uniform σ that no
+    case explains gets the plain statement.
+    """
+    ratios = token_ratios(record)
+    if not ratios or any(abs(r - 1.0) > _UNIFORM_TOL for r in ratios):
+        return None
+    advantage = float(record["advantage"])
+    rewards = record.get("segment_rewards")
+    entropies = record.get("entropies")
+    n_segments = len(record["segment_starts"])
+    if record["method"] == "uniform":
+        return "uniform credit (GRPO): σ is the same on every token"
+    if advantage == 0.0:
+        return "advantage 0: nothing to redistribute, σ is uniform"
+    if record.get("mix") == 0.0:
+        return "mix 0: no credit is redistributed, σ is uniform"
+    if rewards is None and entropies and not any(entropies):
+        return "every token's entropy is 0: nothing to weight tokens by, σ is uniform"
+    if n_segments == 1:
+        return "one segment: nothing to redistribute, σ is uniform"
+    if rewards:
+        paid = [float(r) for r in rewards[:n_segments]]  # a reward beyond the last start has no tokens
+        if not any(paid):
+            return "all segment rewards are 0: nothing to redistribute, σ is uniform"
+        if advantage > 0 and not any(r > 0 for r in paid):
+            return "no segment raised the value (every segment reward ≤ 0): nothing to credit, σ is uniform"
+        if advantage < 0 and not any(r < 0 for r in paid):
+            return "no segment lowered the value (every segment reward ≥ 0): nothing to blame, σ is uniform"
+    return "σ is uniform: no credit was redistributed"
 
 
 def record_segments(record: Mapping[str, Any]) -> list[Segment]:
