@@ -301,8 +301,13 @@ def test_power_says_what_the_run_can_detect(inputs):
     assert rredcot.detectable_by_size == pytest.approx(K.ACCURACY_THRESHOLD + (K.Z95 + K.Z80) * se)
     # Seeds for ±0.01 from the two spreads: 1.96^2 (0.02^2 + 0.2^2 / 100) / 0.01^2 = 30.7 -> 31.
     assert rredcot.seeds_needed == 31
+    # A difference of 0.01 is 0.005 beyond the threshold: an interval of ±0.005 decides it, 36 x the
+    # seeds of today's ±0.03.
+    assert rredcot.seeds_to_decide == math.ceil(3 * (0.03 / 0.005) ** 2) == 108
+    assert K.seeds_to_decide(0.002, 0.006, 20) == math.ceil(20 * (0.006 / 0.003) ** 2)  # too small to matter
+    assert K.seeds_to_decide(K.ACCURACY_THRESHOLD, 0.01, 20) is None
     md = K.markdown([], "x", list(power.values()))
-    assert "**Power: underpowered.**" in md and "| RREDCoT | 3 x 100 |" in md
+    assert "**Power: underpowered.**" in md and "| RREDCoT | 3 x 100 |" in md and "| 31 | 108 |" in md
     tight = paired.with_columns(
         (pl.col("diff") - 0.008).alias("diff_low"), (pl.col("diff") + 0.008).alias("diff_high")
     )

@@ -32,6 +32,7 @@ ARMS = [
     "dr_grpo",
     "entropy",
     "entropy_mask",
+    "exact",
     "grpo",
     "mc",
     "oracle",
@@ -212,16 +213,31 @@ def test_table1_has_every_arm(smoke: Path) -> None:
 @pytest.mark.slow
 def test_paired_comparison_with_the_first_arm(smoke: Path) -> None:
     paired = pl.read_csv(smoke / "paired.csv")
-    assert set(paired["reference"].to_list()) == {"GRPO"}
-    assert paired.height == 2 * (len(ARMS) - 1)  # every other arm, greedy and sampled
+    # Every other arm against GRPO, then report.pairs (RREDCoT against MC); greedy and sampled each.
+    assert set(paired["reference"].to_list()) == {"GRPO", "MC"}
+    assert paired.height == 2 * (len(ARMS) - 1) + 2
+    assert paired.filter(pl.col("reference") == "MC")["arm"].to_list() == ["RREDCoT", "RREDCoT"]
     assert set(paired["seeds"].to_list()) == {2} and (paired["diff_low"] <= paired["diff_high"]).all()
+    # The same pairs against training compute, each from the seeds' own step times.
+    compute = pl.read_csv(smoke / "compute.csv")
+    assert compute.height == len(ARMS) and set(compute["seeds"].to_list()) == {2}
+    assert (compute["arm_seconds"] > 0).all() and (compute["reference_seconds"] > 0).all()
+    assert (compute["equal_compute_low"] <= compute["equal_compute_high"]).all()
 
 
 @pytest.mark.slow
 def test_claims_and_the_cost_of_monte_carlo_credit(smoke: Path) -> None:
     claims = pl.read_csv(smoke / "claims.csv")
     names = claims["claim"].to_list()
-    assert {"rredcot_beats_grpo", "mc_beats_grpo", "cost", "testbed_oracle_beats_grpo"} <= set(names)
+    assert {
+        "rredcot_beats_grpo",
+        "mc_beats_grpo",
+        "rredcot_matches_mc",
+        "rredcot_matches_mc_at_equal_compute",
+        "cost",
+        "testbed_exact_beats_grpo",
+        "testbed_oracle_beats_grpo",
+    } <= set(names)
     verdicts = dict(zip(names, claims["verdict"].to_list(), strict=True))
     cost_verdict = verdicts.pop("cost")
     assert set(verdicts.values()) <= {"supported", "contradicted", "too small to matter", "inconclusive"}
@@ -229,8 +245,10 @@ def test_claims_and_the_cost_of_monte_carlo_credit(smoke: Path) -> None:
     text = (smoke / "claims.md").read_text()
     table = text[text.index("| claim |") :].split("\n\n")[0]
     assert table.count("\n| ") == len(names)  # a row per claim below the header
-    power = text[text.index("## Power") :]
-    assert power.count("\n| ") == 1 + len(ARMS) - 1  # the header and every arm but the reference
+    power = text[text.index("## Power of the accuracy") : text.index("## Power of the correlations")]
+    assert power.count("\n| ") == 1 + len(ARMS)  # the header, every arm but the reference, RREDCoT - MC
+    # The smoke traces are too short for a late segment; the PRM's correlations are there.
+    assert "| `prm_follows_thought_nll` |" in text[text.index("## Power of the correlations") :]
     cost = pl.read_csv(smoke / "cost.csv").filter(pl.col("kind") == "train")
     by_item = {r["item"]: r for r in cost.to_dicts()}
     # Monte Carlo credit counts what it generates for its values beside the policy's own completions:
@@ -402,6 +420,7 @@ CHANGES = {
     "rl.eval_problems": 6,
     "run_arms": ["grpo", "rredcot"],
     "report.table2_metric": "pass@2",
+    "report.pairs": [["rredcot", "oracle"]],
     "studies.n_traces": 6,
     "studies.localisation_traces": 6,
     "studies.prm.n_traces": 6,

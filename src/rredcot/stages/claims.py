@@ -685,10 +685,24 @@ class Power:
     detectable: float | None  # smallest true difference found > 0 with 80% power
     detectable_by_size: float | None  # ... found beyond the threshold with 80% power
     seeds_needed: int | None  # for a half-width of POWER_HALF_WIDTH at these problems
+    seeds_to_decide: int | None = None  # for a verdict by size, if the difference stayed as measured
 
     @property
     def powered(self) -> bool:
         return self.half_width is not None and self.half_width <= POWER_HALF_WIDTH
+
+
+def seeds_to_decide(diff: float | None, half_width: float | None, seeds: int) -> int | None:
+    """The seeds at which a difference that stayed at ``diff`` would get a verdict by size: its interval
+    beyond the threshold (``|diff| > threshold``) or inside ±threshold (``|diff| < threshold``), the
+    half-width shrinking as one over the root of the seeds from ``half_width`` at ``seeds``. None
+    when it cannot (a difference on the threshold itself) or nothing is known."""
+    if diff is None or half_width is None or half_width <= 0 or seeds < 1:
+        return None
+    margin = abs(abs(diff) - ACCURACY_THRESHOLD)
+    if margin < 1e-9:
+        return None
+    return max(2, math.ceil(seeds * (half_width / margin) ** 2))
 
 
 def power_table(paired: pl.DataFrame) -> list[Power]:
@@ -719,6 +733,7 @@ def power_table(paired: pl.DataFrame) -> list[Power]:
                 None if se is None else (Z95 + Z80) * se,
                 None if se is None else ACCURACY_THRESHOLD + (Z95 + Z80) * se,
                 needed,
+                seeds_to_decide(_finite(row["diff"]), half, int(row["seeds"])),
             )
         )
     return out
@@ -884,17 +899,20 @@ def markdown(
             "Final sampled accuracy of each arm minus the reference's, paired by seed and problem. "
             "Spread over seeds and over problems within a seed; the minimum detectable effect is the "
             "smallest true difference this run finds above 0 (above the threshold) with 80% power at "
-            f"the 5% level; the last column is the seeds a ±{POWER_HALF_WIDTH} interval needs.",
+            f"the 5% level; then the seeds a ±{POWER_HALF_WIDTH} interval needs, and the seeds at which "
+            "the difference, if it stayed as measured, would get a verdict by size (beyond the "
+            "threshold, or inside it: too small to matter).",
             "",
             "| arm | seeds x problems | sd over seeds | sd over problems | 95% half-width | "
-            "detectable effect | detectable by size | seeds for ±0.01 |",
-            "|---|---|---|---|---|---|---|---|",
+            "detectable effect | detectable by size | seeds for ±0.01 | seeds to decide |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for p in power:
             lines.append(
                 f"| {p.arm} | {p.seeds} x {p.problems} | {_fmt(p.seed_sd)} | {_fmt(p.problem_sd)} | "
                 f"±{_fmt(p.half_width)} | {_fmt(p.detectable)} | {_fmt(p.detectable_by_size)} | "
-                f"{p.seeds_needed if p.seeds_needed is not None else '-'} |"
+                f"{p.seeds_needed if p.seeds_needed is not None else '-'} | "
+                f"{p.seeds_to_decide if p.seeds_to_decide is not None else '-'} |"
             )
     if correlations:
         lines += [

@@ -3,7 +3,9 @@
 - ``token_only``: no segments (``uniform``: GRPO's σ = 1/|o|; ``entropy``: token-entropy weighting);
 - ``exit_values``: RREDCoT's teacher-forced exit-point values (``rredcot``, ``rredcot+entropy``);
 - ``oracle``: perfect blame where the task says a trace goes wrong (``oracle``);
-- ``monte_carlo``: values from policy rollouts at the same exit points (``mc``).
+- ``monte_carlo``: values from policy rollouts at the same exit points (``mc``);
+- ``exact``: values the synthetic task computes at the same exit points (``exact``), registered as any
+  added method is.
 
 Importing this package registers them (``rredcot.method.registry``), in this order (the order the
 config lists the methods in), then every other module of the package: a new credit method is one
