@@ -56,7 +56,15 @@ def test_sample_problems_is_stratified_and_deterministic() -> None:
     assert [r["id"] for r in a] == [r["id"] for r in traces.sample_problems(rows, 8, seed=1)]
     assert sorted(r["level"] for r in a) == [0, 0, 1, 1, 2, 2, 3, 3]
     assert {r["id"] for r in a} != {r["id"] for r in traces.sample_problems(rows, 8, seed=2)}
-    assert len(traces.sample_problems(rows, 100, seed=1)) == 40  # never more than there are
+    # Beyond the rows every problem is drawn again, in the same order, and each draw of a problem
+    # samples its own trace.
+    more = traces.sample_problems(rows, 100, seed=1)
+    first = traces.sample_problems(rows, 40, seed=1)
+    assert len(more) == 100 and more[:40] == first and more[40:80] == first and more[80:] == first[:20]
+    seeds = traces.trace_seeds(more, seed=1)
+    assert seeds[:40] == [sample_seed(1, "trace", r["id"]) for r in first]  # a first draw's seed as before
+    assert len(set(seeds)) == 100
+    assert traces.sample_problems([], 5, seed=1) == []
 
 
 def test_sampler_rows_do_not_depend_on_their_batch(setup: dict) -> None:

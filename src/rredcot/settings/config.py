@@ -501,7 +501,8 @@ class Studies:
     points, their truncation and variance, attribution methods and a process reward model."""
 
     n_traces: int = field(default=96, metadata=at_least(2))
-    """Traces analysed (stratified by level or benchmark)."""
+    """Traces analysed (stratified by level or benchmark). Beyond the held-out problems, every problem is
+    drawn again, each draw sampling a trace of its own."""
     localisation_traces: int = field(default=400, metadata=at_least(2))
     """Traces of the blame-localisation study (synthetic task only), a set of their own: it needs no
     rollouts, so it can afford enough wrong traces for a tight interval (the default's 400 held-out

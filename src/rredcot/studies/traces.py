@@ -63,7 +63,11 @@ def sample_problems(rows: Sequence[Mapping[str, Any]], n: int, seed: int) -> lis
     """``n`` rows, deterministic in ``seed``, taken in turn from each (source, level) stratum.
 
     Strata are visited in sorted order, each shuffled by its own seeded stream, so a stratum's picks do
-    not depend on the others; a stratum that runs out is skipped.
+    not depend on the others; a stratum that runs out is skipped. When ``n`` exceeds the rows, every row
+    is taken and the draw starts over in the same order, so each problem is taken as often as the
+    others, give or take one: a study sized beyond a small held-out set (a correlation that needs more
+    segments than 400 problems give) samples more traces of the same problems (``trace_seeds`` gives
+    each draw of a problem its own sampling seed).
     """
     strata: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
@@ -74,11 +78,27 @@ def sample_problems(rows: Sequence[Mapping[str, Any]], n: int, seed: int) -> lis
         random.Random(sample_seed(seed, *key)).shuffle(members)
         queues.append(members)
     picked: list[Mapping[str, Any]] = []
-    depth = 0
-    while len(picked) < n and any(depth < len(q) for q in queues):
-        picked += [q[depth] for q in queues if depth < len(q)][: n - len(picked)]
-        depth += 1
+    while len(picked) < n and any(queues):
+        depth = 0
+        while len(picked) < n and any(depth < len(q) for q in queues):
+            picked += [q[depth] for q in queues if depth < len(q)][: n - len(picked)]
+            depth += 1
     return picked
+
+
+def trace_seeds(rows: Sequence[Mapping[str, Any]], seed: int) -> list[int]:
+    """The sampling seed of each drawn row's trace: (seed, "trace", problem id) for a problem's first
+    draw, as it always was, and (seed, "trace", problem id, k) for its k-th repeat."""
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for row in rows:
+        key = str(row["id"])
+        k = seen[key]
+        seen[key] += 1
+        out.append(
+            sample_seed(seed, "trace", row["id"]) if k == 0 else sample_seed(seed, "trace", row["id"], k)
+        )
+    return out
 
 
 # The trace sets, in the order that gives each its seed (studies.seed plus its place here), and the
@@ -193,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         prompts = [build_prompt(cfg["prompt"], r["problem"], tok) for r in rows]
         prompt_ids = [assigner.encode(p) for p in prompts]
         sampler = HFGenerator(model, tok, batch_size=args.batch_size, progress=True)
-        rollouts = sampler.sample(prompt_ids, [sample_seed(seed, "trace", r["id"]) for r in rows], **sampling)
+        rollouts = sampler.sample(prompt_ids, trace_seeds(rows, seed), **sampling)
         t_gen = time.time() - t0
         exit_string = cfg["prompt"]["exit_string"]
         records = []
