@@ -212,17 +212,8 @@ def culprit(problem: str, completion: str) -> tuple[str, int] | None:
     truth = run_chain(start, steps, modulus)
     end = completion.find(THINK_END.strip())
     thinking = completion if end < 0 else completion[:end]
-    kept: list[tuple[int, int]] = []  # (value, offset where the thinking wrote it) per step
-    offset = 0
-    for line in thinking.split("\n"):
-        match = _EQUATION.search(line)
-        if match is not None:
-            value = int(match.group(4))
-            if line.lstrip().startswith("Wait") and kept:
-                kept[-1] = (value, offset + match.start(4))  # a revision of the step just written
-            else:
-                kept.append((value, offset + match.start(4)))
-        offset += len(line) + 1
+    # (value, offset where the thinking wrote it) per kept step
+    kept = [(value, start) for value, start, _ in _kept_values(thinking)]
     final = completion[end:] if end >= 0 else ""
     if grade(final, str(truth[-1])):  # the run's own grading: the reward and the culprit agree
         return None
@@ -251,17 +242,17 @@ def culprit_offset(row: Mapping[str, Any], completion: str) -> int | None:
     return None if found is None else found[1]
 
 
-def _kept_values(thinking: str) -> list[tuple[int, int]]:
-    """(value, character offset just past it) of each step the thinking keeps, in order: a line's
-    ``= value`` is one step, a ``Wait`` line revises the step before it (as ``culprit`` reads them)."""
-    kept: list[tuple[int, int]] = []
+def _kept_values(thinking: str) -> list[tuple[int, int, int]]:
+    """(value, character offset where it starts, offset just past it) of each step the thinking keeps,
+    in order: a line's ``= value`` is one step, a ``Wait`` line revises the step before it."""
+    kept: list[tuple[int, int, int]] = []
     offset = 0
     for line in thinking.split("\n"):
         match = _EQUATION.search(line)
         if match is not None:
-            entry = (int(match.group(4)), offset + match.end(4))
+            entry = (int(match.group(4)), offset + match.start(4), offset + match.end(4))
             if line.lstrip().startswith("Wait") and kept:
-                kept[-1] = entry
+                kept[-1] = entry  # a revision of the step just written
             else:
                 kept.append(entry)
         offset += len(line) + 1
@@ -280,7 +271,7 @@ def step_errors(problem: str, completion: str) -> tuple[int, int]:
     end = completion.find(THINK_END.strip())
     kept = _kept_values(completion if end < 0 else completion[:end])[: len(steps)]
     slips, value = 0, start
-    for (written, _), (op, operand) in zip(kept, steps, strict=False):
+    for (written, _, _), (op, operand) in zip(kept, steps, strict=False):
         slips += written != apply_op(value, op, operand, modulus)
         value = written
     return slips, len(kept)
@@ -330,7 +321,7 @@ def exact_values(problem: str, completion: str, offsets: Sequence[int], slip_rat
     kept = _kept_values(completion if end < 0 else completion[:end])[: len(steps)]
     values = []
     for offset in offsets:
-        done = [v for v, at in kept if at <= offset]
+        done = [v for v, _, at in kept if at <= offset]
         value = done[-1] if done else start
         values.append(chain_value(value, steps[len(done) :], answer, modulus, slip_rate))
     return values
