@@ -92,11 +92,21 @@ def check_store_equals_journal(client: MlflowClient, journal: Journal, tmp: Path
     found = client.search_runs([run.info.experiment_id], f"tags.`{JOURNAL_TAG}` = '{journal.id}'")
     assert [r.info.run_id for r in found] == [run_id]  # one run, never a second one
 
+    # The store keys a metric value by (key, timestamp, step, value), so two equal values logged in one
+    # millisecond are one row (TRL logs `epoch` at the last step and again in its train summary). A
+    # value delivered twice would be a second row only with a new timestamp, which the journal lacks.
     logged = Counter(
-        (key, step, value) for r in records if r["op"] == "metrics" for key, value, _, step in r["metrics"]
+        {
+            (key, step, value, t)
+            for r in records
+            if r["op"] == "metrics"
+            for key, value, t, step in r["metrics"]
+        }
     )
     stored = Counter(
-        (key, m.step, m.value) for key in run.data.metrics for m in client.get_metric_history(run_id, key)
+        (key, m.step, m.value, m.timestamp)
+        for key in run.data.metrics
+        for m in client.get_metric_history(run_id, key)
     )
     assert stored == logged, "the store's metric values differ from the journal's"  # none twice
 
