@@ -66,6 +66,18 @@ def _paired(rows):
     return pl.DataFrame([dict(zip(cols, r, strict=True)) for r in rows])
 
 
+def _intervals(table: pl.DataFrame, design_effect: float = 1.0) -> pl.DataFrame:
+    """Each correlation's 95% interval as its figure writes it (``spearman_low``, ``spearman_high``):
+    here the Fisher interval of ``n / design_effect`` independent pairs."""
+    bounds = [
+        K.fisher_interval(r, int((n - 3) / design_effect) + 3)
+        for r, n in zip(table["spearman"], table["n"], strict=True)
+    ]
+    return table.with_columns(
+        pl.Series("spearman_low", [b[0] for b in bounds]), pl.Series("spearman_high", [b[1] for b in bounds])
+    )
+
+
 @pytest.fixture
 def inputs():
     # A run with the Monte Carlo arm (the default leaves it to config/baselines.yaml).
@@ -112,19 +124,29 @@ def inputs():
             for t, lost, lc in ((10, 0.9, 0.4), (20, 0.5, 0.2), (40, 0.2, 0.1), (80, 0.05, 0.0), (160, 0, 0))
         ]
     )
-    attribution = pl.DataFrame(
-        [
-            {"method_a": "rredcot", "method_b": "mc", "fraction": f, "n": n, "spearman": rho}
-            for f, n, rho in ((0.2, 60, 0.7), (0.6, 150, 0.5), (1.0, 300, 0.4))
-        ]
-        + [{"method_a": "rredcot", "method_b": "loo", "fraction": 0.2, "n": 60, "spearman": -0.9}]
+    attribution = _intervals(
+        pl.DataFrame(
+            [
+                {"method_a": "rredcot", "method_b": "mc", "fraction": f, "n": n, "spearman": rho}
+                for f, n, rho in ((0.2, 60, 0.7), (0.6, 150, 0.5), (1.0, 300, 0.4))
+            ]
+            + [{"method_a": "rredcot", "method_b": "loo", "fraction": 0.2, "n": 60, "spearman": -0.9}]
+        )
     )
-    prm = pl.DataFrame(
-        [
-            {"prm": "prm_score", "given_answer": False, "nll": "d_thought_nll", "n": 200, "spearman": -0.6},
-            {"prm": "prm_score", "given_answer": False, "nll": "d_answer_nll", "n": 200, "spearman": 0.1},
-            {"prm": "prm_score", "given_answer": True, "nll": "d_answer_nll", "n": 200, "spearman": 0.9},
-        ]
+    prm = _intervals(
+        pl.DataFrame(
+            [
+                {
+                    "prm": "prm_score",
+                    "given_answer": False,
+                    "nll": "d_thought_nll",
+                    "n": 200,
+                    "spearman": -0.6,
+                },
+                {"prm": "prm_score", "given_answer": False, "nll": "d_answer_nll", "n": 200, "spearman": 0.1},
+                {"prm": "prm_score", "given_answer": True, "nll": "d_answer_nll", "n": 200, "spearman": 0.9},
+            ]
+        )
     )
     variance = pl.DataFrame(
         [
@@ -228,7 +250,11 @@ def test_claims_turn_against_the_paper_when_the_numbers_do(inputs):
         .alias("step_ratio_to_grpo")
     )
     variance = variance.with_columns(pl.col("value_sd") / 10)
-    attribution = attribution.with_columns(-pl.col("spearman"))
+    attribution = attribution.with_columns(
+        -pl.col("spearman"),
+        (-pl.col("spearman_high")).alias("spearman_low"),
+        (-pl.col("spearman_low")).alias("spearman_high"),
+    )
     localisation = {"thinking": {"traces": 40, "top_blame_rate": 0.3, "chance": 0.2}}
     rows = {
         c.claim: c.verdict
@@ -354,5 +380,43 @@ def test_power_of_the_correlations_scales_the_study(inputs):
     assert late.traces_needed == math.ceil(96 * late.n_needed / 60)
     assert thought.claim == answer.claim == "prm_follows_thought_nll" and thought.rho == 0.6
     assert thought.n_needed == max(K.correlation_n(0.6), K.separation_n(0.6, 0.1))
+    assert late.design_effect == pytest.approx(1.0) and thought.design_effect == pytest.approx(1.0)
     md = K.markdown([], "x", (), rows)
     assert "## Power of the correlations" in md and f"| {late.traces_needed} |" in md
+
+
+def test_clustered_correlations_need_more_pairs(inputs):
+    """Intervals as wide as a sixth of the pairs would give (a design effect of about 6) scale the pairs
+    and traces a study needs by it, and can turn a claim the Fisher interval would decide inconclusive."""
+    cfg, paired, cost, truncation, attribution, prm, variance, localisation = inputs
+    wide_attr = _intervals(attribution.drop("spearman_low", "spearman_high"), design_effect=6.0)
+    wide_prm = _intervals(prm.drop("spearman_low", "spearman_high"), design_effect=6.0)
+    late, whole, thought, answer = K.correlation_power(wide_attr, wide_prm, n_traces=96)
+    # About 6 over many pairs; more over few, where the interval's wider side grows faster than 1/√n.
+    assert 5.0 < whole.design_effect < 7.0 and late.design_effect > 5.0
+    assert late.n_needed == math.ceil(K.correlation_n(0.7) * late.design_effect)
+    assert late.half_width > K.correlation_power(attribution, prm, n_traces=96)[0].half_width
+    worst = max(thought.design_effect, answer.design_effect)
+    assert thought.n_needed == max(
+        math.ceil(K.correlation_n(0.6) * thought.design_effect), math.ceil(K.separation_n(0.6, 0.1) * worst)
+    )
+    # The late correlation 0.7 over 60 pairs clears 0.3 as independent pairs, not at a sixth of them.
+    rows = {
+        c.claim: c
+        for c in K.claims_table(
+            cfg, paired, cost, truncation, wide_attr, wide_prm, variance, localisation, SOURCES
+        )
+    }
+    assert rows["rredcot_tracks_mc"].verdict == "inconclusive"
+    assert rows["rredcot_tracks_mc"].low == pytest.approx(K.fisher_interval(0.7, int(57 / 6) + 3)[0])
+
+
+def test_absolute_correlation_intervals_and_missing_columns():
+    assert K.abs_interval(0.1, 0.3) == (0.1, 0.3)
+    assert K.abs_interval(-0.3, -0.1) == (0.1, 0.3)
+    assert K.abs_interval(-0.1, 0.3) == (0.0, 0.3)
+    assert all(math.isnan(x) for x in K.abs_interval(math.nan, 0.2))
+    with pytest.raises(ValueError, match="redraw its figures"):
+        K.correlation_interval({"spearman": 0.5, "n": 40})
+    assert K.design_effect(0.5, 100, *K.fisher_interval(0.5, 100)) == pytest.approx(1.0)
+    assert K.design_effect(0.5, 100, 0.49, 0.51) == 1.0  # never below independent pairs

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats
@@ -24,10 +25,12 @@ from rredcot.studies.attribution import (
     segment_rows,
 )
 from rredcot.studies.figures_attr import (
+    MIN_CLUSTERS,
     STEM,
     VALUE_METHODS,
     VALUE_STEM,
     attribution_figure,
+    cluster_interval,
     correlate,
     correlation_by_fraction,
     log10_p,
@@ -167,6 +170,65 @@ def test_correlation_by_fraction_on_hand_made_data() -> None:
     # MC matches RREDCoT only within the last half of the trace: counted from the right.
     assert by["rredcot", "mc", 0.5]["spearman"] == pytest.approx(1.0)
     assert by["rredcot", "mc", 1.0]["spearman"] < 0.9
+
+
+def _clustered(
+    rng: np.random.Generator, problems: int, per: int = 15
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pairs whose problem shares an effect in both values (and one more in y): segments of one problem
+    move together, as a trace's segments and a problem's traces do."""
+    cluster = np.repeat(np.arange(problems), per)
+    shared = rng.normal(size=problems)[cluster]
+    x = shared + 0.5 * rng.normal(size=cluster.size)
+    y = shared + 0.5 * rng.normal(size=cluster.size) + rng.normal(size=problems)[cluster]
+    return x, y, cluster
+
+
+def test_the_bootstrap_over_problems_covers_what_fisher_misses() -> None:
+    """On clustered pairs the Fisher interval (independent pairs) misses the population's ρ most of the
+    time; the interval that draws whole problems covers it at about its 95%."""
+    from rredcot.stages.claims import fisher_interval
+
+    rng = np.random.default_rng(123)
+    x, y, _ = _clustered(rng, 20_000)
+    target = stats.spearmanr(x, y).statistic
+    boot = fisher = 0
+    runs = 40
+    for i in range(runs):
+        x, y, cluster = _clustered(rng, 30)
+        low, high = cluster_interval(x, y, cluster, draws=400, seed=i)
+        f_low, f_high = fisher_interval(stats.spearmanr(x, y).statistic, x.size)
+        boot += low <= target <= high
+        fisher += f_low <= target <= f_high
+    assert boot / runs >= 0.85 and fisher / runs <= 0.7
+
+
+def test_the_bootstrap_over_single_pairs_is_near_fisher() -> None:
+    """With one pair a problem (independent pairs) the two intervals agree."""
+    from rredcot.stages.claims import fisher_interval
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=400)
+    y = x + rng.normal(size=400)
+    low, high = cluster_interval(x, y, [f"p{i}" for i in range(400)])
+    f_low, f_high = fisher_interval(stats.spearmanr(x, y).statistic, 400)
+    assert low == pytest.approx(f_low, abs=0.03) and high == pytest.approx(f_high, abs=0.03)
+    few = [f"p{i % (MIN_CLUSTERS - 1)}" for i in range(400)]
+    assert all(math.isnan(v) for v in cluster_interval(x, y, few))
+
+
+def test_each_correlation_row_carries_its_interval_over_problems() -> None:
+    rows = _rows(200)
+    table = correlation_by_fraction(rows, ["rredcot", "mc"], [0.5, 1.0])
+    for t in table:
+        assert t["clusters"] == len(
+            {r["problem_id"] for r in rows if r["from_right"] <= t["fraction"] + 1e-9}
+        )
+        assert t["spearman_low"] <= t["spearman"] <= t["spearman_high"]
+    assert table[0]["spearman_low"] == pytest.approx(1.0)  # late MC equals RREDCoT in every resample
+    c = correlate([1.0, 2.0, None, 4.0], [2.0, 1.0, 3.0, 5.0], ["a", "b", "c", "d"])
+    assert c["n"] == 3 and c["clusters"] == 3 and math.isnan(c["spearman_low"])  # too few problems
+    assert "spearman_low" not in correlate([1.0, 2.0, 3.0], [1.0, 3.0, 2.0])
 
 
 def test_log10_p_agrees_with_scipy() -> None:

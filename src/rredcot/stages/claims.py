@@ -23,9 +23,12 @@ non-inferiority: not behind by more than the threshold. A section on the power o
 the study size (``studies.n_traces``) a ±0.1 interval needs.
 
 Intervals: paired bootstrap differences and steps-to-reach come from ``paired.csv``; a rank
-correlation gets the Fisher-z interval with Fieller's variance ``1.06 / (n - 3)``; a fraction of
-rollouts gets the Wilson interval (rollouts counted as independent, which those from the same exit
-point are not: the interval is optimistic).
+correlation's comes from its figure's CSV (``spearman_low``, ``spearman_high``): a bootstrap over
+problems, since segments of one trace and traces of one problem are not independent pairs. The Fisher-z
+interval (Fieller's variance ``1.06 / (n - 3)``), which counts them as independent, only sizes studies:
+its width against the bootstrap's gives the design effect that scales the pairs a study needs. A
+fraction of rollouts gets the Wilson interval (rollouts counted as independent, which those from the
+same exit point are not: the interval is optimistic).
 """
 
 from __future__ import annotations
@@ -128,6 +131,28 @@ def fisher_interval(rho: float, n: int) -> tuple[float, float]:
     z = math.atanh(max(min(rho, 0.999999), -0.999999))
     half = Z95 * math.sqrt(1.06 / (n - 3))
     return math.tanh(z - half), math.tanh(z + half)
+
+
+def correlation_interval(row: Mapping[str, Any]) -> tuple[float, float]:
+    """A correlation row's 95% interval, by the bootstrap over problems of the figure that wrote it."""
+    if "spearman_low" not in row:
+        raise ValueError(
+            "the correlation table has no spearman_low/spearman_high columns (drawn before the bootstrap "
+            "over problems): redraw its figures with rredcot study-attr-figures"
+        )
+    low, high = row["spearman_low"], row["spearman_high"]
+    return (math.nan, math.nan) if low is None or high is None else (float(low), float(high))
+
+
+def abs_interval(low: float, high: float) -> tuple[float, float]:
+    """The interval of ``|ρ|`` from that of ``ρ``: mirrored when it lies below 0, from 0 when it spans it."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return math.nan, math.nan
+    if low >= 0:
+        return low, high
+    if high <= 0:
+        return -high, -low
+    return 0.0, max(-low, high)
 
 
 def wilson_interval(fraction: float, n: int) -> tuple[float, float]:
@@ -319,8 +344,8 @@ def tracks_mc_claim(attribution: pl.DataFrame, source: str) -> Claim:
             "too few segments with both values",
         )
     late, whole = pair.row(0, named=True), pair.row(-1, named=True)
-    low, high = fisher_interval(late["spearman"], int(late["n"]))
-    whole_low, whole_high = fisher_interval(whole["spearman"], int(whole["n"]))
+    low, high = correlation_interval(late)
+    whole_low, whole_high = correlation_interval(whole)
     verdict = verdict_by_size(low, high, CORRELATION_THRESHOLD)
     if verdict == "supported" and late["spearman"] <= whole["spearman"]:
         verdict = "inconclusive"  # tracks MC, but not more so late in the trace
@@ -329,7 +354,8 @@ def tracks_mc_claim(attribution: pl.DataFrame, source: str) -> Claim:
         statement,
         f"Spearman(RREDCoT, MC) over the last {late['fraction']:.0%} of each trace's segments "
         f"(n = {int(late['n'])}); over all segments {whole['spearman']:.3f} "
-        f"[{whole_low:.3f}, {whole_high:.3f}] (n = {int(whole['n'])})",
+        f"[{whole_low:.3f}, {whole_high:.3f}] (n = {int(whole['n'])}); 95% intervals by a bootstrap over "
+        f"problems",
         float(late["spearman"]),
         low,
         high,
@@ -458,8 +484,8 @@ def prm_claim(prm: pl.DataFrame, source: str) -> Claim:
             source,
             "too few scored segments",
         )
-    t_low, t_high = fisher_interval(abs(float(thought["spearman"])), int(thought["n"]))
-    a_low, a_high = fisher_interval(abs(float(answer["spearman"])), int(answer["n"]))
+    t_low, t_high = abs_interval(*correlation_interval(thought))
+    a_low, a_high = abs_interval(*correlation_interval(answer))
     diff = abs(float(thought["spearman"])) - abs(float(answer["spearman"]))
     # Conservative: the two intervals must not overlap for a verdict either way.
     verdict = "supported" if t_low > a_high else "contradicted" if t_high < a_low else "inconclusive"
@@ -468,7 +494,8 @@ def prm_claim(prm: pl.DataFrame, source: str) -> Claim:
         statement,
         f"|Spearman(PRM score, Δ thought NLL)| - |Spearman(PRM score, Δ answer NLL)|; thought "
         f"{abs(float(thought['spearman'])):.3f} [{t_low:.3f}, {t_high:.3f}], answer "
-        f"{abs(float(answer['spearman'])):.3f} [{a_low:.3f}, {a_high:.3f}] (n = {int(thought['n'])})",
+        f"{abs(float(answer['spearman'])):.3f} [{a_low:.3f}, {a_high:.3f}] (n = {int(thought['n'])}; "
+        "95% intervals by a bootstrap over problems)",
         diff,
         None,
         None,
@@ -779,6 +806,18 @@ def separation_n(a: float, b: float) -> int | None:
     return None
 
 
+def design_effect(rho: float, n: int, low: float, high: float) -> float:
+    """How many times the pairs a correlation needs, against independent ones: the squared ratio of its
+    bootstrap interval's half-width to the Fisher interval's at the same ρ and n (at least 1; NaN
+    where either interval is missing)."""
+    f_low, f_high = fisher_interval(rho, n)
+    fisher = max(rho - f_low, f_high - rho)
+    boot = max(rho - low, high - rho)
+    if not (math.isfinite(fisher) and math.isfinite(boot)) or fisher <= 0:
+        return math.nan
+    return max(1.0, (boot / fisher) ** 2)
+
+
 @dataclass
 class CorrelationPower:
     """What one correlation of a claim could resolve, and the study size that would."""
@@ -787,7 +826,8 @@ class CorrelationPower:
     what: str
     rho: float
     n: int
-    half_width: float
+    half_width: float  # of its 95% interval by the bootstrap over problems
+    design_effect: float  # pairs needed against independent ones (``design_effect``)
     n_needed: int | None  # pairs for a ±CORRELATION_HALF_WIDTH interval (or for the PRM's separation)
     traces_needed: int | None  # analysis traces that give them, at this run's pairs per trace
 
@@ -801,14 +841,26 @@ def correlation_power(attribution: pl.DataFrame, prm: pl.DataFrame, n_traces: in
     ``prm_follows_thought_nll`` (PRM score against Δ thought and Δ answer NLL): each one's interval and
     the pairs, then the analysis traces (``studies.n_traces``, scaled by this run's pairs per trace), a
     ±CORRELATION_HALF_WIDTH interval needs; for the PRM claim also the size at which its two intervals
-    part, if the correlations stayed as measured."""
+    part, if the correlations stayed as measured. Pairs needed are Fisher's (``correlation_n``,
+    ``separation_n``) times the measured design effect; where it is unknown, Fisher's alone."""
     out = []
 
-    def row(claim: str, what: str, rho: float, n: int, needed: int | None) -> CorrelationPower:
-        low, high = fisher_interval(rho, n)
-        half = max(rho - low, high - rho) if math.isfinite(low) else math.inf
+    def scaled(needed: int | None, deff: float) -> int | None:
+        return needed if needed is None or not math.isfinite(deff) else math.ceil(needed * deff)
+
+    def row(
+        claim: str,
+        what: str,
+        rho: float,
+        n: int,
+        interval: tuple[float, float],
+        needed: int | None,
+        deff: float,
+    ) -> CorrelationPower:
+        low, high = interval
+        half = max(rho - low, high - rho) if math.isfinite(low) and math.isfinite(high) else math.inf
         traces = None if needed is None or n <= 0 else math.ceil(n_traces * needed / n)
-        return CorrelationPower(claim, what, rho, n, half, needed, traces)
+        return CorrelationPower(claim, what, rho, n, half, deff, needed, traces)
 
     pair = attribution.filter(
         ((pl.col("method_a") == "rredcot") & (pl.col("method_b") == "mc"))
@@ -817,11 +869,12 @@ def correlation_power(attribution: pl.DataFrame, prm: pl.DataFrame, n_traces: in
     pair = pair.filter(pl.col("spearman").is_not_nan() & (pl.col("n") >= 4))
     if not pair.is_empty():
         for r in (pair.row(0, named=True), pair.row(-1, named=True)):
-            rho, n = float(r["spearman"]), int(r["n"])
+            rho, n, interval = float(r["spearman"]), int(r["n"]), correlation_interval(r)
             where = f"last {r['fraction']:.0%} of the thinking" if r["fraction"] < 1 else "all segments"
-            out.append(
-                row("rredcot_tracks_mc", f"Spearman(RREDCoT, MC), {where}", rho, n, correlation_n(rho))
-            )
+            deff = design_effect(rho, n, *interval)
+            what = f"Spearman(RREDCoT, MC), {where}"
+            needed = scaled(correlation_n(rho), deff)
+            out.append(row("rredcot_tracks_mc", what, rho, n, interval, needed, deff))
     base = (
         prm.filter((pl.col("prm") == "prm_score") & (~pl.col("given_answer"))) if not prm.is_empty() else prm
     )
@@ -830,11 +883,21 @@ def correlation_power(attribution: pl.DataFrame, prm: pl.DataFrame, n_traces: in
     if thought is not None and answer is not None:
         t, a = abs(float(thought["spearman"])), abs(float(answer["spearman"]))
         if math.isfinite(t) and math.isfinite(a):
-            apart = separation_n(t, a)
-            for name, rho, r in (("Δ thought NLL", t, thought), ("Δ answer NLL", a, answer)):
-                needed = max(filter(None, (correlation_n(rho), apart)), default=None)
+            intervals = {
+                name: abs_interval(*correlation_interval(r)) for name, r in (("t", thought), ("a", answer))
+            }
+            deffs = {
+                "t": design_effect(t, int(thought["n"]), *intervals["t"]),
+                "a": design_effect(a, int(answer["n"]), *intervals["a"]),
+            }
+            # Both intervals must part: the separation is scaled by the larger design effect of the two.
+            worst = max((d for d in deffs.values() if math.isfinite(d)), default=math.nan)
+            apart = scaled(separation_n(t, a), worst)
+            for key, name, rho, r in (("t", "Δ thought NLL", t, thought), ("a", "Δ answer NLL", a, answer)):
+                needed = max(filter(None, (scaled(correlation_n(rho), deffs[key]), apart)), default=None)
+                what = f"|Spearman(PRM, {name})|"
                 out.append(
-                    row("prm_follows_thought_nll", f"|Spearman(PRM, {name})|", rho, int(r["n"]), needed)
+                    row("prm_follows_thought_nll", what, rho, int(r["n"]), intervals[key], needed, deffs[key])
                 )
     return out
 
@@ -919,17 +982,22 @@ def markdown(
             "",
             "## Power of the correlations",
             "",
-            f"Each correlation behind a claim, its 95% Fisher interval's half-width, and the pairs a "
+            f"Each correlation behind a claim, the half-width of its 95% interval (bootstrap over "
+            "problems), its design effect (how many times the pairs it needs against independent ones: the "
+            "squared ratio of that half-width to the Fisher interval's), and the pairs a "
             f"±{CORRELATION_HALF_WIDTH} interval needs (for the PRM claim: or the pairs at which its two "
-            "intervals part, if the correlations stayed as measured, whichever is more), then the analysis "
-            "traces (`studies.n_traces`) that give them at this run's pairs per trace.",
+            "intervals part, if the correlations stayed as measured, whichever is more; Fisher's count times "
+            "the design effect), then the analysis traces (`studies.n_traces`) that give them at this run's "
+            "pairs per trace.",
             "",
-            "| claim | correlation | ρ | pairs | 95% half-width | pairs needed | traces needed |",
-            "|---|---|---|---|---|---|---|",
+            "| claim | correlation | ρ | pairs | 95% half-width | design effect | pairs needed | "
+            "traces needed |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for c in correlations:
             lines.append(
                 f"| `{c.claim}` | {cell(c.what)} | {_fmt(c.rho)} | {c.n} | ±{_fmt(c.half_width)} | "
+                f"{_fmt(c.design_effect)} | "
                 f"{c.n_needed if c.n_needed is not None else '-'} | "
                 f"{c.traces_needed if c.traces_needed is not None else '-'} |"
             )

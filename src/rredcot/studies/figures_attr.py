@@ -12,7 +12,11 @@
   whose final answer is correct, red otherwise; PRM as is and PRM given the correct answer.
 
 p-values come from the t distribution with n − 2 degrees of freedom (as scipy's ``spearmanr`` and
-``pearsonr`` do), computed in log space so that tiny values do not underflow to 0.
+``pearsonr`` do), computed in log space so that tiny values do not underflow to 0. They count the
+segments as independent pairs, which they are not: segments of one trace share its sampled path, and
+traces drawn for one problem share its difficulty. Each Spearman ρ therefore also gets a 95% interval
+from a bootstrap over problems (``spearman_low``, ``spearman_high``; ``clusters`` problems): whole
+problems, with all their segments, are drawn with replacement, so every resample keeps that dependence.
 
 CLI: ``rredcot study-attr-figures --attributions attributions.jsonl [--prm prm.jsonl] --out-dir DIR``
 redraws the figures from the study outputs.
@@ -36,6 +40,10 @@ from rredcot.infra.logs import setup_logging
 
 _log = logging.getLogger(__name__)
 
+BOOTSTRAP_DRAWS = 1000
+"""Resamples of the bootstrap over problems behind each Spearman interval."""
+MIN_CLUSTERS = 5
+"""Fewer problems than this give no interval: a bootstrap over so few says nothing."""
 FRACTIONS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 LABELS = {
     "rredcot": "RREDCoT",
@@ -62,8 +70,41 @@ def log10_p(r: float, n: int) -> float:
     return (math.log(2.0) + float(stats.t.logsf(t, n - 2))) / math.log(10.0)
 
 
-def correlate(x: Sequence[float | None], y: Sequence[float | None]) -> dict[str, float]:
-    """Spearman and Pearson correlation over the pairs where both values are finite."""
+def cluster_interval(
+    a: np.ndarray, b: np.ndarray, clusters: Sequence[Any], draws: int = BOOTSTRAP_DRAWS, seed: int = 0
+) -> tuple[float, float]:
+    """95% percentile interval of Spearman(a, b) when whole clusters (all their pairs at once) are drawn
+    with replacement; NaN with fewer than MIN_CLUSTERS clusters or where a resample has no spread.
+
+    scipy's ``bootstrap`` resamples observations; here the observations it draws are cluster indices,
+    and the statistic pools their pairs."""
+    names, codes = np.unique(np.asarray(clusters, dtype=object).astype(str), return_inverse=True)
+    if len(names) < MIN_CLUSTERS:
+        return math.nan, math.nan
+    members = [np.flatnonzero(codes == c) for c in range(len(names))]
+
+    def rho(drawn: np.ndarray) -> float:
+        rows = np.concatenate([members[int(c)] for c in drawn])
+        x, y = a[rows], b[rows]
+        return math.nan if np.ptp(x) == 0 or np.ptp(y) == 0 else float(stats.spearmanr(x, y).statistic)
+
+    res = stats.bootstrap(
+        (np.arange(len(names)),),
+        rho,
+        n_resamples=draws,
+        method="percentile",
+        vectorized=False,
+        rng=np.random.default_rng(seed),
+    )
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return (low, high) if math.isfinite(low) and math.isfinite(high) else (math.nan, math.nan)
+
+
+def correlate(
+    x: Sequence[float | None], y: Sequence[float | None], clusters: Sequence[Any] | None = None
+) -> dict[str, float]:
+    """Spearman and Pearson correlation over the pairs where both values are finite; with ``clusters``
+    (one label per pair, e.g. its problem), a 95% interval of Spearman's ρ by ``cluster_interval``."""
     a = np.array([np.nan if v is None else v for v in x], dtype=float)
     b = np.array([np.nan if v is None else v for v in y], dtype=float)
     keep = np.isfinite(a) & np.isfinite(b)
@@ -74,6 +115,10 @@ def correlate(x: Sequence[float | None], y: Sequence[float | None]) -> dict[str,
     rho = math.nan if constant else float(stats.spearmanr(a, b).statistic)
     r = math.nan if constant else float(stats.pearsonr(a, b).statistic)
     out |= {"spearman": rho, "spearman_log10_p": log10_p(rho, n)}
+    if clusters is not None:
+        kept = [c for c, k in zip(clusters, keep, strict=True) if k]
+        low, high = (math.nan, math.nan) if constant else cluster_interval(a, b, kept)
+        out |= {"spearman_low": low, "spearman_high": high, "clusters": len(set(kept))}
     out |= {"pearson": r, "pearson_log10_p": log10_p(r, n)}
     return out
 
@@ -83,12 +128,14 @@ def correlation_by_fraction(
     methods: Sequence[str],
     fractions: Sequence[float] = FRACTIONS,
 ) -> list[dict[str, Any]]:
-    """One row per (method pair, fraction f): correlations over segments with ``from_right`` ≤ f."""
+    """One row per (method pair, fraction f): correlations over segments with ``from_right`` ≤ f, each
+    Spearman ρ with its interval from a bootstrap over problems."""
     out = []
     for f in fractions:
         part = [r for r in rows if r["from_right"] <= f + 1e-9]
+        problems = [r["problem_id"] for r in part]
         for a, b in combinations(methods, 2):
-            c = correlate([r.get(a) for r in part], [r.get(b) for r in part])
+            c = correlate([r.get(a) for r in part], [r.get(b) for r in part], problems)
             out.append({"method_a": a, "method_b": b, "fraction": f, **c})
     return out
 
@@ -151,10 +198,12 @@ def attribution_figure(
         style["ls"] = "-" if "mc" in (a, b) else "--"
         name = f"{LABELS.get(a, a)} vs {LABELS.get(b, b)}"
         axes[0].plot(xs, [t["spearman"] for t in part], label=name, **style)
+        lows, highs = [t["spearman_low"] for t in part], [t["spearman_high"] for t in part]
+        axes[0].fill_between(xs, lows, highs, color=palette(i), alpha=0.12, lw=0)
         # Tiny p-values (down to -inf at |ρ| = 1) are drawn at a floor so that they do not flatten the rest.
         axes[1].plot(xs, [max(t["spearman_log10_p"], P_FLOOR) for t in part], label=name, **style)
     axes[0].axhline(0.0, color="0.3", lw=0.8)
-    axes[0].set_ylabel("Spearman rank correlation ρ")
+    axes[0].set_ylabel("Spearman rank correlation ρ\n(band: 95% interval, bootstrap over problems)")
     axes[1].axhline(math.log10(0.05), color="0.3", lw=0.8, ls=":")
     axes[1].text(fractions[-1], math.log10(0.05), "p = 0.05", ha="right", va="bottom", fontsize=7)
     axes[1].set_ylabel(f"log10 p-value (t test)\nvalues below {P_FLOOR:g} drawn at {P_FLOOR:g}")
@@ -187,19 +236,24 @@ NLL_Y = {"d_thought_nll": "Δ thought NLL across segment", "d_answer_nll": "Δ a
 
 
 def prm_nll_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Correlations of PRM scores (as is and given the answer) with the two NLL changes."""
+    """Correlations of PRM scores (as is and given the answer) with the two NLL changes, each Spearman ρ
+    with its interval from a bootstrap over problems."""
     out = []
+    problems = [r["problem_id"] for r in rows]
     for given in (False, True):
         suffix = "_given_answer" if given else ""
         for x in PRM_X:
             for y in NLL_Y:
-                c = correlate([r.get(x + suffix) for r in rows], [r.get(y) for r in rows])
+                c = correlate([r.get(x + suffix) for r in rows], [r.get(y) for r in rows], problems)
                 out.append({"prm": x, "given_answer": given, "nll": y, **c})
     return out
 
 
 def _annotate(ax: Any, c: Mapping[str, float]) -> None:
-    text = f"Spearman ρ = {c['spearman']:.2f}\nlog10 p = {c['spearman_log10_p']:.1f}\nn = {c['n']}"
+    text = f"Spearman ρ = {c['spearman']:.2f}"
+    if "spearman_low" in c:
+        text += f" [{c['spearman_low']:.2f}, {c['spearman_high']:.2f}]"
+    text += f"\nlog10 p = {c['spearman_log10_p']:.1f}\nn = {c['n']}"
     ax.text(
         0.02, 0.98, text, transform=ax.transAxes, va="top", fontsize=7, bbox={"fc": "white", "alpha": 0.8}
     )
@@ -224,7 +278,8 @@ def prm_nll_figure(rows: Sequence[Mapping[str, Any]], out_dir: Path, prm_name: s
             ax.set_ylabel(ylabel)
     fig.suptitle(
         f"{prm_name} step scores vs the two RREDCoT components (NLL change across each thinking segment)\n"
-        f"{_counts(rows)}; Spearman rank correlation, t-test p-value",
+        f"{_counts(rows)}; Spearman rank correlation [95% interval, bootstrap over problems], "
+        "t-test p-value (segments counted as independent)",
         fontsize=9,
     )
     fig.tight_layout()
