@@ -386,20 +386,29 @@ def test_power_of_the_correlations_scales_the_study(inputs):
 
 
 def test_clustered_correlations_need_more_pairs(inputs):
-    """Intervals as wide as a sixth of the pairs would give (a design effect of about 6) scale the pairs
-    and traces a study needs by it, and can turn a claim the Fisher interval would decide inconclusive."""
+    """Intervals as wide as a sixth of the pairs would give (a design effect of about 6): the pairs a study
+    needs follow from the problems the pairs come from, and a claim the Fisher interval would decide can
+    be inconclusive."""
     cfg, paired, cost, truncation, attribution, prm, variance, localisation = inputs
+    problems = {60: 10, 150: 20, 300: 30, 200: 40}  # pairs -> problems: 6, 7.5, 10 and 5 pairs a problem
     wide_attr = _intervals(attribution.drop("spearman_low", "spearman_high"), design_effect=6.0)
     wide_prm = _intervals(prm.drop("spearman_low", "spearman_high"), design_effect=6.0)
+    wide_attr, wide_prm = (
+        t.with_columns(pl.col("n").replace_strict(problems).alias("clusters")) for t in (wide_attr, wide_prm)
+    )
     late, whole, thought, answer = K.correlation_power(wide_attr, wide_prm, n_traces=96)
     # About 6 over many pairs; more over few, where the interval's wider side grows faster than 1/√n.
     assert 5.0 < whole.design_effect < 7.0 and late.design_effect > 5.0
-    assert late.n_needed == math.ceil(K.correlation_n(0.7) * late.design_effect)
+    assert late.problems == 10 and late.icc == pytest.approx((late.design_effect - 1) / (60 / 10 - 1))
+    assert late.n_independent == K.correlation_n(0.7)
+    assert late.problems_needed == math.ceil(K.correlation_n(0.7) * late.design_effect / 6)
+    # icc near 1: ten problems are worth about ten pairs, whatever is drawn of them.
+    assert late.n_needed is None and late.traces_needed is None
+    assert whole.n_needed == K.pairs_on_problems(K.correlation_n(0.4), 30, whole.icc)
     assert late.half_width > K.correlation_power(attribution, prm, n_traces=96)[0].half_width
-    worst = max(thought.design_effect, answer.design_effect)
-    assert thought.n_needed == max(
-        math.ceil(K.correlation_n(0.6) * thought.design_effect), math.ceil(K.separation_n(0.6, 0.1) * worst)
-    )
+    assert thought.n_independent == max(K.correlation_n(0.6), K.separation_n(0.6, 0.1))
+    md = K.markdown([], "x", (), [late, whole, thought, answer])
+    assert "| out of reach | out of reach |" in md
     # The late correlation 0.7 over 60 pairs clears 0.3 as independent pairs, not at a sixth of them.
     rows = {
         c.claim: c
@@ -409,6 +418,24 @@ def test_clustered_correlations_need_more_pairs(inputs):
     }
     assert rows["rredcot_tracks_mc"].verdict == "inconclusive"
     assert rows["rredcot_tracks_mc"].low == pytest.approx(K.fisher_interval(0.7, int(57 / 6) + 3)[0])
+
+
+def test_pairs_on_the_same_problems_are_worth_less():
+    """N pairs over P problems with intra-problem correlation icc are worth N / (1 + (N / P - 1) icc)
+    independent ones; the fewest N that reach a target, and None where the ceiling P / icc is below it."""
+
+    def worth(n: int, problems: int, icc: float) -> float:
+        return n / max(1.0, 1 + (n / problems - 1) * icc)
+
+    for need, problems, icc in ((300, 400, 0.2), (1000, 400, 0.1), (5000, 400, 0.05), (700, 100, 0.1)):
+        n = K.pairs_on_problems(need, problems, icc)
+        if need * icc >= problems:
+            assert n is None
+            continue
+        assert worth(n, problems, icc) >= need - 1e-6 and worth(n - 1, problems, icc) < need
+    assert K.pairs_on_problems(300, 400, 0.5) == 300  # fewer than one pair a problem: independent
+    assert K.pairs_on_problems(7073, 400, 0.103) is None  # a correlation of 0.06 on 400 problems
+    assert K.pairs_on_problems(500, 400, 0.0) == 500
 
 
 def test_absolute_correlation_intervals_and_missing_columns():

@@ -691,6 +691,10 @@ def claims_table(
     return claims
 
 
+def _count(x: int | None, missing: str) -> str:
+    return missing if x is None else str(x)
+
+
 def _fmt(x: float | None) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
@@ -818,49 +822,83 @@ def design_effect(rho: float, n: int, low: float, high: float) -> float:
     return max(1.0, (boot / fisher) ** 2)
 
 
+def pairs_on_problems(independent: int, problems: int, icc: float) -> int | None:
+    """The pairs, drawn over these ``problems``, that are worth ``independent`` independent ones when
+    pairs of one problem correlate by ``icc``: N / (1 + (N / problems - 1) icc) ≥ independent. None when
+    no N is (the limit of more pairs on the same problems is problems / icc)."""
+    if icc <= 0 or independent <= problems:  # at most one pair a problem: independent pairs
+        return independent
+    if independent * icc >= problems:
+        return None
+    return max(independent, math.ceil(independent * (1 - icc) / (1 - independent * icc / problems)))
+
+
 @dataclass
 class CorrelationPower:
-    """What one correlation of a claim could resolve, and the study size that would."""
+    """What one correlation of a claim could resolve, and the study size that would.
+
+    Pairs of one problem (segments of a trace, traces drawn for the same problem) are not independent.
+    The design effect (``design_effect``) says by how much; read as ``1 + (m - 1) icc`` over clusters of
+    m pairs (m: this run's pairs per problem), it gives the intra-problem correlation ``icc``. More traces
+    of the same problems raise m and with it the design effect, so what a study can resolve on them is
+    bounded (``pairs_on_problems``); more problems at this run's traces per problem keep it as measured."""
 
     claim: str
     what: str
     rho: float
     n: int
+    problems: int  # distinct problems behind the pairs (0: unknown)
     half_width: float  # of its 95% interval by the bootstrap over problems
-    design_effect: float  # pairs needed against independent ones (``design_effect``)
-    n_needed: int | None  # pairs for a ±CORRELATION_HALF_WIDTH interval (or for the PRM's separation)
-    traces_needed: int | None  # analysis traces that give them, at this run's pairs per trace
+    design_effect: float  # NaN when unknown
+    n_independent: int | None  # independent pairs for a ±CORRELATION_HALF_WIDTH interval (or separation)
+    n_needed: int | None  # pairs on these problems that give it (None: out of their reach)
+    traces_needed: int | None  # traces (of these problems) that give them, at this run's pairs per trace
+    problems_needed: int | None  # problems at this run's pairs per problem that give it
 
     @property
     def powered(self) -> bool:
         return self.half_width <= CORRELATION_HALF_WIDTH
 
+    @property
+    def icc(self) -> float:
+        per_problem = self.n / self.problems if self.problems else math.nan
+        if not (math.isfinite(self.design_effect) and per_problem > 1):
+            return math.nan
+        return max(0.0, (self.design_effect - 1) / (per_problem - 1))
+
 
 def correlation_power(attribution: pl.DataFrame, prm: pl.DataFrame, n_traces: int) -> list[CorrelationPower]:
     """The correlations behind ``rredcot_tracks_mc`` (the late one and over all segments) and
     ``prm_follows_thought_nll`` (PRM score against Δ thought and Δ answer NLL): each one's interval and
-    the pairs, then the analysis traces (``studies.n_traces``, scaled by this run's pairs per trace), a
-    ±CORRELATION_HALF_WIDTH interval needs; for the PRM claim also the size at which its two intervals
-    part, if the correlations stayed as measured. Pairs needed are Fisher's (``correlation_n``,
-    ``separation_n``) times the measured design effect; where it is unknown, Fisher's alone."""
+    pairs, the independent pairs a ±CORRELATION_HALF_WIDTH interval needs (for the PRM claim, or the
+    pairs at which its two intervals part, if the correlations stayed as measured, whichever is more),
+    and what gives them: pairs and analysis traces (``studies.n_traces``, at this run's pairs per trace)
+    drawn over the same problems, or problems at this run's traces per problem. See CorrelationPower."""
     out = []
-
-    def scaled(needed: int | None, deff: float) -> int | None:
-        return needed if needed is None or not math.isfinite(deff) else math.ceil(needed * deff)
 
     def row(
         claim: str,
         what: str,
+        r: Mapping[str, Any],
         rho: float,
-        n: int,
         interval: tuple[float, float],
-        needed: int | None,
-        deff: float,
+        need: int | None,
     ) -> CorrelationPower:
+        n, problems = int(r["n"]), int(r.get("clusters") or 0)
         low, high = interval
         half = max(rho - low, high - rho) if math.isfinite(low) and math.isfinite(high) else math.inf
-        traces = None if needed is None or n <= 0 else math.ceil(n_traces * needed / n)
-        return CorrelationPower(claim, what, rho, n, half, deff, needed, traces)
+        deff = design_effect(rho, n, low, high)
+        power = CorrelationPower(claim, what, rho, n, problems, half, deff, need, None, None, None)
+        if need is None or n <= 0:
+            return power
+        if not (problems and math.isfinite(power.icc)):  # no clusters known: pairs counted as independent
+            power.n_needed = need
+        else:
+            power.n_needed = pairs_on_problems(need, problems, power.icc)
+            power.problems_needed = math.ceil(need * deff / (n / problems))
+        if power.n_needed is not None:
+            power.traces_needed = math.ceil(n_traces * power.n_needed / n)
+        return power
 
     pair = attribution.filter(
         ((pl.col("method_a") == "rredcot") & (pl.col("method_b") == "mc"))
@@ -869,12 +907,10 @@ def correlation_power(attribution: pl.DataFrame, prm: pl.DataFrame, n_traces: in
     pair = pair.filter(pl.col("spearman").is_not_nan() & (pl.col("n") >= 4))
     if not pair.is_empty():
         for r in (pair.row(0, named=True), pair.row(-1, named=True)):
-            rho, n, interval = float(r["spearman"]), int(r["n"]), correlation_interval(r)
+            rho = float(r["spearman"])
             where = f"last {r['fraction']:.0%} of the thinking" if r["fraction"] < 1 else "all segments"
-            deff = design_effect(rho, n, *interval)
             what = f"Spearman(RREDCoT, MC), {where}"
-            needed = scaled(correlation_n(rho), deff)
-            out.append(row("rredcot_tracks_mc", what, rho, n, interval, needed, deff))
+            out.append(row("rredcot_tracks_mc", what, r, rho, correlation_interval(r), correlation_n(rho)))
     base = (
         prm.filter((pl.col("prm") == "prm_score") & (~pl.col("given_answer"))) if not prm.is_empty() else prm
     )
@@ -883,22 +919,11 @@ def correlation_power(attribution: pl.DataFrame, prm: pl.DataFrame, n_traces: in
     if thought is not None and answer is not None:
         t, a = abs(float(thought["spearman"])), abs(float(answer["spearman"]))
         if math.isfinite(t) and math.isfinite(a):
-            intervals = {
-                name: abs_interval(*correlation_interval(r)) for name, r in (("t", thought), ("a", answer))
-            }
-            deffs = {
-                "t": design_effect(t, int(thought["n"]), *intervals["t"]),
-                "a": design_effect(a, int(answer["n"]), *intervals["a"]),
-            }
-            # Both intervals must part: the separation is scaled by the larger design effect of the two.
-            worst = max((d for d in deffs.values() if math.isfinite(d)), default=math.nan)
-            apart = scaled(separation_n(t, a), worst)
-            for key, name, rho, r in (("t", "Δ thought NLL", t, thought), ("a", "Δ answer NLL", a, answer)):
-                needed = max(filter(None, (scaled(correlation_n(rho), deffs[key]), apart)), default=None)
-                what = f"|Spearman(PRM, {name})|"
-                out.append(
-                    row("prm_follows_thought_nll", what, rho, int(r["n"]), intervals[key], needed, deffs[key])
-                )
+            apart = separation_n(t, a)
+            for name, rho, r in (("Δ thought NLL", t, thought), ("Δ answer NLL", a, answer)):
+                need = max(filter(None, (correlation_n(rho), apart)), default=None)
+                interval = abs_interval(*correlation_interval(r))
+                out.append(row("prm_follows_thought_nll", f"|Spearman(PRM, {name})|", r, rho, interval, need))
     return out
 
 
@@ -982,24 +1007,28 @@ def markdown(
             "",
             "## Power of the correlations",
             "",
-            f"Each correlation behind a claim, the half-width of its 95% interval (bootstrap over "
-            "problems), its design effect (how many times the pairs it needs against independent ones: the "
-            "squared ratio of that half-width to the Fisher interval's), and the pairs a "
-            f"±{CORRELATION_HALF_WIDTH} interval needs (for the PRM claim: or the pairs at which its two "
-            "intervals part, if the correlations stayed as measured, whichever is more; Fisher's count times "
-            "the design effect), then the analysis traces (`studies.n_traces`) that give them at this run's "
-            "pairs per trace.",
+            "Each correlation behind a claim: its pairs and the problems they come from, the half-width "
+            "of its 95% interval (bootstrap over problems), and its design effect (the squared ratio of that "
+            "half-width to the Fisher interval's, which counts the pairs as independent). Independent pairs "
+            f"needed: for a ±{CORRELATION_HALF_WIDTH} interval (for the PRM claim, or for its two intervals "
+            "to part if the correlations stayed as measured, whichever is more). Drawing more traces of the "
+            "same problems adds pairs that are worth less as the problems repeat, and at most problems / icc "
+            "independent ones (icc: the correlation of pairs within a problem, from the design effect): "
+            "'pairs needed' and 'traces needed' (`studies.n_traces`) say what gives it on this run's "
+            "problems ('out of reach' where nothing does); 'problems needed', how many problems at this "
+            "run's traces per problem give it.",
             "",
-            "| claim | correlation | ρ | pairs | 95% half-width | design effect | pairs needed | "
-            "traces needed |",
-            "|---|---|---|---|---|---|---|---|",
+            "| claim | correlation | ρ | pairs | problems | 95% half-width | design effect | icc | "
+            "independent pairs needed | pairs needed | traces needed | problems needed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for c in correlations:
+            reach = "out of reach" if c.n_independent is not None and c.n_needed is None else "-"
             lines.append(
-                f"| `{c.claim}` | {cell(c.what)} | {_fmt(c.rho)} | {c.n} | ±{_fmt(c.half_width)} | "
-                f"{_fmt(c.design_effect)} | "
-                f"{c.n_needed if c.n_needed is not None else '-'} | "
-                f"{c.traces_needed if c.traces_needed is not None else '-'} |"
+                f"| `{c.claim}` | {cell(c.what)} | {_fmt(c.rho)} | {c.n} | {c.problems or '-'} | "
+                f"±{_fmt(c.half_width)} | {_fmt(c.design_effect)} | {_fmt(c.icc)} | "
+                f"{_count(c.n_independent, '-')} | {_count(c.n_needed, reach)} | "
+                f"{_count(c.traces_needed, reach)} | {_count(c.problems_needed, '-')} |"
             )
     lines += [
         "",
