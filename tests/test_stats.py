@@ -85,6 +85,20 @@ def test_seed_sd_splits_the_spread_over_seeds_and_problems():
     assert within == pytest.approx(np.sqrt(np.mean([np.var([0, 1, 0, 1], ddof=1), 0.0, 0.0])))
 
 
+def test_a_stalled_step_counts_at_the_runs_median():
+    """A job suspended for 44 minutes in its 14th step (its clock ran on) is charged a median step
+    there, and a step a few times the median (a long generation) stays as it was."""
+    from rredcot.infra.stats import STALL_FACTOR, cumulative_seconds, without_stalls
+
+    times = {k: 0.75 for k in range(1, 41)} | {14: 2657.0, 20: 3.5}
+    clean, stalled = without_stalls(times)
+    assert stalled == [14] and clean[14] == 0.75 and clean[20] == 3.5
+    assert cumulative_seconds(clean, [40]).tolist() == [pytest.approx(39 * 0.75 + 3.5)]
+    assert without_stalls({1: 1.0, 2: 1.0, 3: STALL_FACTOR})[1] == []  # at the line: not a stall
+    assert without_stalls({1: 1.0, 2: 1.0, 3: STALL_FACTOR + 0.1})[1] == [3]
+    assert without_stalls({}) == ({}, [])
+
+
 def test_cumulative_seconds_sum_the_steps_up_to_each_probe():
     from rredcot.infra.stats import cumulative_seconds
 

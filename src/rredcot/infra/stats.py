@@ -155,6 +155,25 @@ def seed_sd(arm: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
 # of steps 1..s.
 
 
+STALL_FACTOR = 10.0
+"""A step that took more than this many times its run's median step was stalled, not working: a job
+suspended (SLURM suspends with SIGSTOP, and a paused process's clock runs on) or starved. Its seconds
+are not the method's cost."""
+
+
+def without_stalls(
+    step_time: Mapping[int, float], factor: float = STALL_FACTOR
+) -> tuple[dict[int, float], list[int]]:
+    """``step_time`` with each stalled step (over ``factor`` times the run's median step) counted at the
+    median step, and the steps so counted. A step's own work is unknown once its clock includes a stall;
+    the median is what a step of the run takes."""
+    if not step_time:
+        return {}, []
+    median = float(np.median(list(step_time.values())))
+    stalled = sorted(k for k, t in step_time.items() if t > factor * median)
+    return {k: (median if k in stalled else float(t)) for k, t in step_time.items()}, stalled
+
+
 def cumulative_seconds(step_time: Mapping[int, float], steps: Sequence[int]) -> np.ndarray:
     """Training seconds up to each of ``steps``: the sum of the times of optimizer steps 1..s (step 0,
     before any update, sits at 0 s). ``step_time`` maps a step (1, 2, ...) to its seconds; a step

@@ -35,6 +35,7 @@ from rredcot.infra.io import atomic_path, read_jsonl
 from rredcot.infra.logs import setup_logging
 from rredcot.infra.results import BASE, load_summaries
 from rredcot.infra.stats import (
+    STALL_FACTOR,
     Interval,
     cost_shares,
     cumulative_seconds,
@@ -44,6 +45,7 @@ from rredcot.infra.stats import (
     reach_share,
     seed_sd,
     steps_to_reach_reference,
+    without_stalls,
 )
 from rredcot.settings.config import active_arms, arm_label
 from rredcot.settings.reads import stage_config
@@ -241,15 +243,27 @@ def paired_table(cfg: Mapping[str, Any], summaries: Sequence[str], curves: Seque
 
 def _step_times(metrics: Sequence[str | Path]) -> dict[tuple[str, int], dict[int, float]]:
     """Per (arm, seed): each optimizer step's seconds, from the training job's ``metrics.jsonl``
-    (``<train dir>/<arm>/seed<k>/metrics.jsonl``; rows without ``step_time`` are other logs)."""
+    (``<train dir>/<arm>/seed<k>/metrics.jsonl``; rows without ``step_time`` are other logs), a
+    stalled step counted at the run's median (:func:`rredcot.infra.stats.without_stalls`, with a
+    warning)."""
     out: dict[tuple[str, int], dict[int, float]] = {}
     for path in map(Path, metrics):
         seed = path.parent.name.removeprefix("seed")
         if not seed.isdigit():
             raise ValueError(f"{path}: expected <arm>/seed<k>/metrics.jsonl")
-        out[(path.parent.parent.name, int(seed))] = {
-            int(row["step"]): float(row["step_time"]) for row in read_jsonl(path) if "step_time" in row
-        }
+        raw = {int(row["step"]): float(row["step_time"]) for row in read_jsonl(path) if "step_time" in row}
+        times, stalled = without_stalls(raw)
+        if stalled:
+            _log.warning(
+                "%s: step(s) %s took %s s, over %g times the run's median step: a stall (a suspended or "
+                "starved job), counted at the median, %.2f s",
+                path,
+                stalled,
+                ", ".join(f"{raw[k]:.1f}" for k in stalled),
+                STALL_FACTOR,
+                times[stalled[0]],
+            )
+        out[(path.parent.parent.name, int(seed))] = times
     return out
 
 
@@ -273,7 +287,8 @@ def compute_table(
     seeds both arms have a learning curve and step times for.
 
     Each seed's sampled learning curve is put on its training seconds (probe step s at the sum of
-    the times of steps 1..s, :func:`rredcot.infra.stats.cumulative_seconds`). ``arm_seconds`` and
+    the times of steps 1..s, :func:`rredcot.infra.stats.cumulative_seconds`; a stalled step counts as
+    the run's median step, :func:`rredcot.infra.stats.without_stalls`). ``arm_seconds`` and
     ``reference_seconds``: the mean total seconds of each arm's runs; ``cost_share``: the mean over
     seeds of their ratio; ``equal_compute_diff``: the arm's accuracy minus the reference's at the
     compute both spent (:func:`~rredcot.infra.stats.equal_compute_difference`); ``reach_share``: the
