@@ -365,10 +365,23 @@ def test_correlation_sizes_follow_the_fisher_interval():
             assert (max(rho - low, high - rho) <= K.CORRELATION_HALF_WIDTH) is fits
     # Near the approximation n = 3 + 1.06 (1.96 (1 - rho^2) / 0.1)^2, a little above: the wider side counts.
     assert K.correlation_n(0.38) == pytest.approx(3 + 1.06 * (K.Z95 * (1 - 0.38**2) / 0.1) ** 2, rel=0.1)
-    n = K.separation_n(-0.6, 0.4)
-    (a_low, _), (_, b_high) = K.fisher_interval(0.6, n), K.fisher_interval(0.4, n)
-    assert a_low > b_high and K.fisher_interval(0.6, n - 1)[0] <= K.fisher_interval(0.4, n - 1)[1] + 0.01
-    assert K.separation_n(0.3, -0.3) is None
+
+    def verdict(a: float, b: float, n: int) -> str:
+        half = math.hypot(
+            *(
+                max(r - lo, hi - r)
+                for r, (lo, hi) in ((a, K.fisher_interval(a, n)), (b, K.fisher_interval(b, n)))
+            )
+        )
+        return K.verdict_by_size(a - b - half, a - b + half, K.CORRELATION_DIFFERENCE_THRESHOLD)
+
+    n = K.difference_n(-0.6, 0.4)
+    assert verdict(0.6, 0.4, n) == "supported" and verdict(0.6, 0.4, n - 1) == "inconclusive"
+    n = K.difference_n(0.079, -0.078)  # equal correlations: too small to matter, with enough pairs
+    assert (
+        verdict(0.079, 0.078, n) == "too small to matter" and verdict(0.079, 0.078, n - 1) == "inconclusive"
+    )
+    assert K.difference_n(0.35, 0.3) is None  # on the line: no size decides
 
 
 def test_power_of_the_correlations_scales_the_study(inputs):
@@ -379,7 +392,7 @@ def test_power_of_the_correlations_scales_the_study(inputs):
     assert late.n_needed == K.correlation_n(0.7)
     assert late.traces_needed == math.ceil(96 * late.n_needed / 60)
     assert thought.claim == answer.claim == "prm_follows_thought_nll" and thought.rho == 0.6
-    assert thought.n_needed == max(K.correlation_n(0.6), K.separation_n(0.6, 0.1))
+    assert thought.n_needed == max(K.correlation_n(0.6), K.difference_n(0.6, 0.1))
     assert late.design_effect == pytest.approx(1.0) and thought.design_effect == pytest.approx(1.0)
     md = K.markdown([], "x", (), rows)
     assert "## Power of the correlations" in md and f"| {late.traces_needed} |" in md
@@ -406,7 +419,7 @@ def test_clustered_correlations_need_more_pairs(inputs):
     assert late.n_needed is None and late.traces_needed is None
     assert whole.n_needed == K.pairs_on_problems(K.correlation_n(0.4), 30, whole.icc)
     assert late.half_width > K.correlation_power(attribution, prm, n_traces=96)[0].half_width
-    assert thought.n_independent == max(K.correlation_n(0.6), K.separation_n(0.6, 0.1))
+    assert thought.n_independent == max(K.correlation_n(0.6), K.difference_n(0.6, 0.1))
     md = K.markdown([], "x", (), [late, whole, thought, answer])
     assert "| out of reach | out of reach |" in md
     # The late correlation 0.7 over 60 pairs clears 0.3 as independent pairs, not at a sixth of them.

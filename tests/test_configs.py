@@ -161,6 +161,10 @@ _REJECTED = {
         {**_DATASETS, "run_arms": ["grpo", "oracle"]},
         r"run_arms: arm oracle \(credit oracle\) needs data\.kind synthetic",
     ),
+    "fresh PRM problems on real datasets": (
+        {**_DATASETS, "run_arms": ["grpo"], "studies": {"prm": {"analysis_problems": 100}}},
+        r"studies\.prm\.analysis_problems: fresh problems of their own need data\.kind synthetic",
+    ),
     "no seeds": ({"seeds": []}, r"seeds: must hold at least 1 item"),
     "a seed twice": ({"seeds": [1, 1]}, r"seeds: must not hold an item twice"),
     "no experiment name": ({"experiment": ""}, r"experiment: must not be empty"),

@@ -23,6 +23,7 @@ from rredcot.data.synthetic import (
     problem_text,
     solution_text,
     solve,
+    study_split,
     teacher_trace,
 )
 from rredcot.infra.io import read_jsonl
@@ -163,6 +164,21 @@ def test_teacher_completions(cfg: TaskConfig, splits: dict) -> None:
 def test_too_many_problems_for_the_space_is_an_error() -> None:
     with pytest.raises(ValueError, match="distinct"):
         generate_splits(TaskConfig(modulus=2, levels=[1], ops=["+"], n_sft=3, n_rl=0, n_test=0))
+
+
+def test_the_study_split_is_fresh_and_leaves_the_others_alone(cfg: TaskConfig, splits: dict) -> None:
+    """Fresh problems for the PRM study: none in any other split, spread over the levels, and drawing
+    them (or more of them) changes no other split and none of its own first rows."""
+    study = study_split(cfg, 200)
+    assert len(study) == 200 and len({r["problem"] for r in study}) == 200
+    assert not {r["problem"] for r in study} & {r["problem"] for r in _all_rows(splits)}
+    assert Counter(r["level"] for r in study) == {level: 200 // len(cfg.levels) for level in cfg.levels}
+    assert all(r["split"] == "study" and r["id"].startswith("syn-study-") for r in study)
+    assert all(solve(r["problem"]) == r["answer"] for r in study)
+    assert generate_splits(cfg) == splits
+    assert study_split(cfg, 240)[:200] == study
+    with pytest.raises(ValueError, match="distinct"):
+        study_split(TaskConfig(modulus=3, levels=[1], ops=["+"], n_sft=1, n_rl=1, n_test=1), 4)
 
 
 def test_cli_writes_splits(tmp_path, capsys) -> None:

@@ -104,14 +104,17 @@ def test_dry_run_lists_every_stage(tmp_path):
     expected = {"data": 1, "clean": 1, "sft": 1, "train": runs, "evaluate": runs + 2}
     expected |= {"report": 1, "tables": 1}
     assert {rule: jobs.get(rule) for rule in expected} == expected
-    studies = {r for r in READS if r.startswith("study_")}
-    assert studies <= set(jobs)
+    studies = {r for r in READS if r.startswith("study_")} - OPTIONAL_STUDIES
+    assert studies <= set(jobs) and not OPTIONAL_STUDIES & set(jobs)
     # analysis, prm and localisation traces; MC rollouts for the first two
     assert jobs["study_traces"] == 3 and jobs["study_mc"] == 2 and jobs["all"] == 1
 
 
-# Every study setting changed (but studies.prm.kind, which picks the jobs), with the settings the
-# studies share with other stages.
+# Studies that run only when a setting asks for them: the PRM study's fresh problems
+# (studies.prm.analysis_problems).
+OPTIONAL_STUDIES = {"study_problems"}
+# Every study setting changed (but studies.prm.kind and studies.prm.analysis_problems, which pick the
+# jobs), with the settings the studies share with other stages.
 STUDY_SETTINGS = {
     "studies": {
         "n_traces": 6,
@@ -162,15 +165,37 @@ def test_study_commands_carry_files_and_no_setting(tmp_path):
     study setting changed, each study job's command line is what it was."""
     defaults = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["studies"]
     leaves = {key for key, _ in _leaves(defaults)}
-    assert leaves - {"prm.kind"} == {k for k, _ in _leaves(STUDY_SETTINGS["studies"])}
+    assert leaves - {"prm.kind", "prm.analysis_problems"} == {
+        k for k, _ in _leaves(STUDY_SETTINGS["studies"])
+    }
     overlay = tmp_path / "studies.yaml"
     overlay.write_text(yaml.safe_dump(STUDY_SETTINGS))
     before = _study_commands(_run(["-n", "-p", "all"], tmp_path))
     after = _study_commands(_run(["-n", "-p", "all"], tmp_path, overlay))
-    rules = {"study-" + r.removeprefix("study_").replace("_", "-") for r in READS if r.startswith("study_")}
+    studies = {r for r in READS if r.startswith("study_")} - OPTIONAL_STUDIES
+    rules = {"study-" + r.removeprefix("study_").replace("_", "-") for r in studies}
     assert {c.split()[1] for c in before} == rules
     assert len(before) == 11  # three trace sets, two MC runs, and one job of every other study
     assert after == before
+
+
+def test_the_prm_study_scores_fresh_problems_when_asked(tmp_path):
+    """With studies.prm.analysis_problems the PRM study scores one trace each of the study split's
+    fresh problems, drawn by a job of their own; the data the models use is not touched."""
+    overlay = tmp_path / "prm.yaml"
+    overlay.write_text(yaml.safe_dump({"studies": {"prm": {"analysis_problems": 8}}}))
+    proc = _run(["-n", "-p", "all"], tmp_path, overlay)
+    jobs = _scheduled(proc)
+    assert jobs["study_problems"] == 1 and jobs["study_traces"] == 4 and jobs["data"] == 1
+    text = proc.stdout + proc.stderr
+    study = f"{tmp_path}/data/study.jsonl"
+    assert re.search(rf"study-traces .*--set prm_analysis .*--data {re.escape(study)}", text)
+    assert re.search(
+        rf"study-prm .*--traces {re.escape(str(tmp_path))}/studies/prm_analysis/traces.jsonl", text
+    )
+    assert re.search(
+        rf"study-attr-figures .*--prm {re.escape(str(tmp_path))}/studies/prm_analysis/prm.jsonl", text
+    )
 
 
 # ------------------------------------------------------------------------------------- one run
@@ -441,7 +466,10 @@ CHANGES = {
     "studies.prm.answer_hint": "plain",
     "studies.prm.kind": "local",
     "studies.prm.name_or_path": "other/prm",
+    "studies.prm.analysis_problems": 8,
 }
+# Settings that add jobs of their own to the DAG besides rerunning their readers.
+ADDS_JOBS = {"studies.prm.analysis_problems": {"study_problems"}}
 # Settings a stage reads that cannot change what it writes: changing them reruns nothing.
 RUNS_ONLY = {
     "threads.train": 2,
@@ -544,7 +572,11 @@ def test_changing_a_setting_reruns_its_readers_and_nothing_else(
     assert readers, key
     affected = readers | {d for r in readers for d in downstream[r]}
     assert readers <= set(jobs), f"{key}: {sorted(readers - set(jobs))} not rerun"
-    assert set(jobs) <= affected | {"all"}, f"{key}: {sorted(set(jobs) - affected)} rerun without reading it"
+    added = ADDS_JOBS.get(key, set())
+    assert added <= set(jobs), f"{key}: {sorted(added - set(jobs))} not run"
+    assert set(jobs) <= affected | added | {"all"}, (
+        f"{key}: {sorted(set(jobs) - affected)} rerun without reading it"
+    )
 
 
 @pytest.mark.slow

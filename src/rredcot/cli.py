@@ -18,6 +18,7 @@
     rredcot study-traces | study-mc | study-mc-figures | study-attribution | study-prm-train |
             study-prm | study-attr-figures ...           the paper's analyses (Figures 3-7)
             study-localisation                           where the blame of wrong traces lands (synthetic)
+            study-problems                               fresh problems for the PRM study (synthetic)
     rredcot tracking  ui|runs|server ...
 
 Each stage is also ``python -m rredcot.<module>``; ``rredcot STAGE --help`` shows its options.
@@ -33,6 +34,7 @@ from rredcot.infra.logs import setup_logging
 
 STAGES = {
     "data": "rredcot.stages.data:main",
+    "study-problems": "rredcot.studies.problems:main",
     "fetch": "rredcot.stages.fetch:main",
     "datasets": "rredcot.tools.datasets:main",
     "clean": "rredcot.stages.clean:main",

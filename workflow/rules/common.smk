@@ -145,10 +145,18 @@ STUDY_FIGURES = [
 STUDY_LOCALISATION = [f"{STUDY}/localisation/localisation.json"] if SYNTHETIC else []
 
 
+# The traces the PRM study scores (Figures 5-6): the analysis traces, or one each of the study
+# split's fresh problems (studies.prm.analysis_problems, synthetic task only).
+PRM_SET = "prm_analysis" if S["prm"]["analysis_problems"] else "analysis"
+
+
 def study_data(wildcards):
-    """Problems the study traces are drawn from: held-out ones, or the RL split for PRM training."""
+    """Problems the study traces are drawn from: held-out ones, the RL split for PRM training, or the
+    study split for the PRM study."""
     if wildcards.set == "prm":
         return [f"{R}/data/rl.clean.jsonl"]
+    if wildcards.set == "prm_analysis":
+        return [f"{R}/data/study.jsonl"]
     return eval_data(wildcards)
 
 

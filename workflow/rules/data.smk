@@ -19,6 +19,23 @@ if SYNTHETIC:
         shell:
             "rredcot data --config {params.cfg} --out-dir {params.out_dir} > {log} 2>&1"
 
+    # Fresh problems for the PRM study alone (studies.prm.analysis_problems), disjoint from the three
+    # splits and written by a job of their own, so that sizing the study leaves the splits untouched.
+    rule study_problems:
+        output:
+            f"{R}/data/study.jsonl",
+        log:
+            f"{R}/logs/study_problems.log",
+        benchmark:
+            f"{R}/benchmarks/study_problems.tsv"
+        conda:
+            "../../envs/rredcot.yaml"
+        params:
+            cfg=PY_CONFIG,
+            settings=settings("study_problems"),
+        shell:
+            "rredcot study-problems --config {params.cfg} --out {output} > {log} 2>&1"
+
 else:
 
     rule fetch:

@@ -1,7 +1,8 @@
 # The paper's analyses on traces of the start model (Figures 3-7); paths and helpers are in
 # common.smk. `analysis` traces come from the held-out problems (the benchmarks at full scale);
 # `prm` traces, from the RL split, only train the small process reward model, so that it never
-# scores the traces it learned from. Each command gets files and the trace set only: a study reads
+# scores the traces it learned from; `prm_analysis` traces, one each of the study split's fresh
+# problems, are what it scores when studies.prm.analysis_problems is set. Each command gets files and the trace set only: a study reads
 # its settings from the config file, the ones rredcot.settings.reads lists for it (the `settings`
 # param), so a changed setting reruns exactly the jobs that read it.
 
@@ -17,7 +18,7 @@ rule study_traces:
     benchmark:
         f"{R}/benchmarks/studies/traces_{{set}}.tsv"
     wildcard_constraints:
-        set="analysis|prm|localisation",
+        set="analysis|prm|localisation|prm_analysis",
     conda:
         "../../envs/rredcot.yaml"
     threads: config["threads"]["eval"]
@@ -137,9 +138,9 @@ rule study_prm_train:
 rule study_prm:
     input:
         prm=prm_model,
-        traces=f"{STUDY}/analysis/traces.jsonl",
+        traces=f"{STUDY}/{PRM_SET}/traces.jsonl",
     output:
-        f"{STUDY}/analysis/prm.jsonl",
+        f"{STUDY}/{PRM_SET}/prm.jsonl",
     log:
         f"{R}/logs/studies/prm.log",
     benchmark:
@@ -160,7 +161,7 @@ rule study_prm:
 rule study_attr_figures:
     input:
         attributions=f"{STUDY}/analysis/attributions.jsonl",
-        prm=f"{STUDY}/analysis/prm.jsonl",
+        prm=f"{STUDY}/{PRM_SET}/prm.jsonl",
     output:
         fig4=report(
             f"{FIG}/fig4_attribution_correlation.png",

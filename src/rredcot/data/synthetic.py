@@ -15,7 +15,7 @@ import functools
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -568,6 +568,24 @@ def _make_split(split: str, n: int, cfg: TaskConfig, seen: set[str]) -> list[dic
     return rows
 
 
+def _check_capacity(cfg: TaskConfig, sizes: Iterable[int]) -> None:
+    """Rejection sampling of unseen problems only terminates if enough distinct problems exist."""
+    needed = Counter(cfg.levels[i % len(cfg.levels)] for n in sizes for i in range(n))
+    for level, count in needed.items():
+        if count > cfg.modulus * (len(set(cfg.ops)) * (cfg.modulus - 1)) ** level:
+            raise ValueError(f"not enough distinct level-{level} problems for the requested split sizes")
+
+
+def study_split(cfg: TaskConfig, n: int) -> list[dict[str, Any]]:
+    """``n`` fresh problems that only the analyses read (split ``study``, ids ``syn-study-…``), spread
+    over the levels as every split is, disjoint by problem text from the ``sft``, ``rl`` and ``test``
+    splits. Those stay exactly as :func:`generate_splits` makes them: the study split is drawn after
+    them, from random streams of its own."""
+    _check_capacity(cfg, (cfg.n_sft, cfg.n_rl, cfg.n_test, n))
+    seen = {row["problem"] for rows in generate_splits(cfg).values() for row in rows}
+    return _make_split("study", n, cfg, seen)
+
+
 def generate_splits(cfg: TaskConfig) -> dict[str, list[dict[str, Any]]]:
     """Generate the ``sft``, ``rl`` and ``test`` splits, disjoint by problem text.
 
@@ -575,11 +593,7 @@ def generate_splits(cfg: TaskConfig) -> dict[str, list[dict[str, Any]]]:
     :func:`noise_counts`.
     """
     sizes = {"sft": cfg.n_sft, "rl": cfg.n_rl, "test": cfg.n_test}
-    # Rejection sampling of unseen problems only terminates if enough distinct problems exist.
-    needed = Counter(cfg.levels[i % len(cfg.levels)] for n in sizes.values() for i in range(n))
-    for level, count in needed.items():
-        if count > cfg.modulus * (len(set(cfg.ops)) * (cfg.modulus - 1)) ** level:
-            raise ValueError(f"not enough distinct level-{level} problems for the requested split sizes")
+    _check_capacity(cfg, sizes.values())
     seen: set[str] = set()
     # Test first, then rl, then sft: earlier splits never depend on the sizes of later ones.
     splits = {split: _make_split(split, sizes[split], cfg, seen) for split in ("test", "rl", "sft")}

@@ -493,6 +493,11 @@ class Prm:
     answer_hint: Literal["both", "plain"] = "both"
     """Training copies (kind local): both, every trace as is and with the correct answer in front of
     the prompt (so the PRM can be asked given the answer, Figures 5 and 6); plain, as is only."""
+    analysis_problems: int = field(default=0, metadata=at_least(0))
+    """Problems whose traces Figures 5 and 6 score (synthetic task only). 0: the analysis traces, Figure
+    4's. N: one trace each of N fresh problems of their own (``data/study.jsonl``), disjoint from every
+    split: the PRM study needs no Monte Carlo rollouts, so it can afford the many problems a small
+    correlation needs, and one trace a problem keeps its segments as independent as they can be."""
 
 
 @dataclass
@@ -692,6 +697,12 @@ class ExperimentConfig:
             for key, use in sizes.items():
                 if getattr(self.data.synthetic, key) < 1:
                     raise SettingsError(f"data.synthetic.{key}", f"{use} needs at least 1 row, got 0")
+        if self.studies.prm.analysis_problems and self.data.kind != "synthetic":
+            raise SettingsError(
+                "studies.prm.analysis_problems",
+                "fresh problems of their own need data.kind synthetic; with datasets the PRM study scores "
+                "the analysis traces (0)",
+            )
         if self.data.kind == "datasets":
             for key in ("train", "heldout"):
                 if getattr(self.data, key) is None:

@@ -69,6 +69,7 @@ _PRM_TRAINING = tuple(
 
 READS: dict[str, StageReads] = {
     "data": StageReads(("data.kind", "data.synthetic"), _LOGGING),
+    "study_problems": StageReads(("data.kind", "data.synthetic", "studies.prm.analysis_problems"), _LOGGING),
     "fetch": StageReads(
         ("data.kind", "data.registry", "data.root", "data.train", "data.heldout", "data.benchmarks")
         + ("data.max_rows",),
@@ -94,7 +95,15 @@ READS: dict[str, StageReads] = {
         _LOGGING,
     ),
     "claims": StageReads(
-        ("arms", "run_arms", "rl.max_steps", "credit.mc.samples", "studies.n_traces"), _LOGGING
+        (
+            "arms",
+            "run_arms",
+            "rl.max_steps",
+            "credit.mc.samples",
+            "studies.n_traces",
+            "studies.prm.analysis_problems",
+        ),
+        _LOGGING,
     ),
     # The analyses, each handed its settings by these lists alone (their rules pass only files):
     # traces of held-out problems (analysis, localisation) or of the RL split (prm, only to train
@@ -106,6 +115,7 @@ READS: dict[str, StageReads] = {
             "analysis": ("studies.n_traces",),
             "prm": ("studies.prm.n_traces",),
             "localisation": ("studies.localisation_traces",),
+            "prm_analysis": ("studies.prm.analysis_problems",),
         },
     ),
     "study_mc": StageReads(

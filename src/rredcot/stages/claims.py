@@ -89,6 +89,10 @@ anyone (it is also below one seed's evaluation noise)."""
 CORRELATION_THRESHOLD = 0.3
 """A rank correlation matters from 0.3 on (a moderate agreement); below it two credit signals rank
 segments alike too rarely to stand in for each other."""
+CORRELATION_DIFFERENCE_THRESHOLD = 0.05
+"""Two correlations with one signal (the PRM's score against Δ thought NLL and against Δ answer NLL)
+differ in a way that matters from 0.05 in |ρ| on: a sixth of the 0.3 line, and a share of ranked
+segments that no reading of the PRM would change with."""
 TRUNCATION_THRESHOLD = 0.05
 """Truncation matters when it loses at least 5% of the rollouts that would be correct: a value
 biased by that much changes the sign of small segment rewards."""
@@ -484,25 +488,29 @@ def prm_claim(prm: pl.DataFrame, source: str) -> Claim:
             source,
             "too few scored segments",
         )
+    t, a = abs(float(thought["spearman"])), abs(float(answer["spearman"]))
     t_low, t_high = abs_interval(*correlation_interval(thought))
     a_low, a_high = abs_interval(*correlation_interval(answer))
-    diff = abs(float(thought["spearman"])) - abs(float(answer["spearman"]))
-    # Conservative: the two intervals must not overlap for a verdict either way.
-    verdict = "supported" if t_low > a_high else "contradicted" if t_high < a_low else "inconclusive"
+    diff = t - a
+    # The two half-widths combined as if the correlations were independent: conservative, since both
+    # are read on the same segments and move together between resamples.
+    half = math.hypot(max(t - t_low, t_high - t), max(a - a_low, a_high - a))
+    low, high = (diff - half, diff + half) if math.isfinite(half) else (math.nan, math.nan)
     return Claim(
         "prm_follows_thought_nll",
         statement,
         f"|Spearman(PRM score, Δ thought NLL)| - |Spearman(PRM score, Δ answer NLL)|; thought "
-        f"{abs(float(thought['spearman'])):.3f} [{t_low:.3f}, {t_high:.3f}], answer "
-        f"{abs(float(answer['spearman'])):.3f} [{a_low:.3f}, {a_high:.3f}] (n = {int(thought['n'])}; "
-        "95% intervals by a bootstrap over problems)",
+        f"{t:.3f} [{t_low:.3f}, {t_high:.3f}], answer {a:.3f} [{a_low:.3f}, {a_high:.3f}] "
+        f"(n = {int(thought['n'])}, {int(thought.get('clusters') or 0)} problems; 95% intervals by a "
+        "bootstrap over problems)",
         diff,
-        None,
-        None,
-        verdict,
+        low,
+        high,
+        verdict_by_size(low, high, CORRELATION_DIFFERENCE_THRESHOLD),
         source,
-        "verdict only when the two correlations' intervals do not overlap",
-        "the two correlations' intervals apart",
+        "the difference's interval combines the two correlations' half-widths as if independent "
+        "(conservative: they are read on the same segments)",
+        f"±{CORRELATION_DIFFERENCE_THRESHOLD} in |ρ|: a sixth of a moderate correlation",
     )
 
 
@@ -795,19 +803,32 @@ def correlation_n(rho: float, half_width: float = CORRELATION_HALF_WIDTH) -> int
     return max(hi, 4)
 
 
-def separation_n(a: float, b: float) -> int | None:
-    """The fewest pairs (each correlation over as many) at which the Fisher intervals of ``|a|`` and
-    ``|b|`` no longer overlap, if the correlations stayed as measured; None when they are equal."""
+def difference_n(a: float, b: float, threshold: float = CORRELATION_DIFFERENCE_THRESHOLD) -> int | None:
+    """The fewest pairs (each correlation over as many) at which ``|a| - |b|``, with the two Fisher
+    half-widths combined as ``prm_claim`` combines its intervals, gets a verdict by size against
+    ±``threshold``, if the correlations stayed as measured; None where the difference sits on the line."""
     a, b = abs(a), abs(b)
-    if not (math.isfinite(a) and math.isfinite(b)) or a == b:
+    if not (math.isfinite(a) and math.isfinite(b)) or abs(abs(a - b) - threshold) < 1e-9:
         return None
-    n = 4
-    while n < 10**7:
-        (a_low, a_high), (b_low, b_high) = fisher_interval(a, n), fisher_interval(b, n)
-        if a_low > b_high or b_low > a_high:
-            return n
-        n = max(n + 1, int(n * 1.05))
-    return None
+
+    def half(rho: float, n: int) -> float:
+        low, high = fisher_interval(rho, n)
+        return max(rho - low, high - rho)
+
+    def decided(n: int) -> bool:
+        h = math.hypot(half(a, n), half(b, n))
+        return verdict_by_size(a - b - h, a - b + h, threshold) != "inconclusive"
+
+    hi = 8
+    while not decided(hi):
+        if hi > 10**7:
+            return None
+        hi *= 2
+    lo = hi // 2
+    while lo + 1 < hi:  # the interval narrows as n grows: the first n that decides
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decided(mid) else (mid, hi)
+    return max(hi, 4)
 
 
 def design_effect(rho: float, n: int, low: float, high: float) -> float:
@@ -867,13 +888,18 @@ class CorrelationPower:
         return max(0.0, (self.design_effect - 1) / (per_problem - 1))
 
 
-def correlation_power(attribution: pl.DataFrame, prm: pl.DataFrame, n_traces: int) -> list[CorrelationPower]:
+def correlation_power(
+    attribution: pl.DataFrame, prm: pl.DataFrame, n_traces: int, prm_traces: int | None = None
+) -> list[CorrelationPower]:
     """The correlations behind ``rredcot_tracks_mc`` (the late one and over all segments) and
     ``prm_follows_thought_nll`` (PRM score against Δ thought and Δ answer NLL): each one's interval and
     pairs, the independent pairs a ±CORRELATION_HALF_WIDTH interval needs (for the PRM claim, or the
-    pairs at which its two intervals part, if the correlations stayed as measured, whichever is more),
+    pairs at which the difference of the two gets a verdict by size, ``difference_n``, if the
+    correlations stayed as measured, whichever is more),
     and what gives them: pairs and analysis traces (``studies.n_traces``, at this run's pairs per trace)
-    drawn over the same problems, or problems at this run's traces per problem. See CorrelationPower."""
+    drawn over the same problems, or problems at this run's traces per problem. See CorrelationPower.
+    ``prm_traces``: the traces the PRM study scored, when not the analysis traces (one each of
+    ``studies.prm.analysis_problems`` fresh problems)."""
     out = []
 
     def row(
@@ -885,6 +911,7 @@ def correlation_power(attribution: pl.DataFrame, prm: pl.DataFrame, n_traces: in
         need: int | None,
     ) -> CorrelationPower:
         n, problems = int(r["n"]), int(r.get("clusters") or 0)
+        traces = prm_traces if prm_traces and claim == "prm_follows_thought_nll" else n_traces
         low, high = interval
         half = max(rho - low, high - rho) if math.isfinite(low) and math.isfinite(high) else math.inf
         deff = design_effect(rho, n, low, high)
@@ -897,7 +924,7 @@ def correlation_power(attribution: pl.DataFrame, prm: pl.DataFrame, n_traces: in
             power.n_needed = pairs_on_problems(need, problems, power.icc)
             power.problems_needed = math.ceil(need * deff / (n / problems))
         if power.n_needed is not None:
-            power.traces_needed = math.ceil(n_traces * power.n_needed / n)
+            power.traces_needed = math.ceil(traces * power.n_needed / n)
         return power
 
     pair = attribution.filter(
@@ -919,7 +946,7 @@ def correlation_power(attribution: pl.DataFrame, prm: pl.DataFrame, n_traces: in
     if thought is not None and answer is not None:
         t, a = abs(float(thought["spearman"])), abs(float(answer["spearman"]))
         if math.isfinite(t) and math.isfinite(a):
-            apart = separation_n(t, a)
+            apart = difference_n(t, a)
             for name, rho, r in (("Δ thought NLL", t, thought), ("Δ answer NLL", a, answer)):
                 need = max(filter(None, (correlation_n(rho), apart)), default=None)
                 interval = abs_interval(*correlation_interval(r))
@@ -1010,11 +1037,13 @@ def markdown(
             "Each correlation behind a claim: its pairs and the problems they come from, the half-width "
             "of its 95% interval (bootstrap over problems), and its design effect (the squared ratio of that "
             "half-width to the Fisher interval's, which counts the pairs as independent). Independent pairs "
-            f"needed: for a ±{CORRELATION_HALF_WIDTH} interval (for the PRM claim, or for its two intervals "
-            "to part if the correlations stayed as measured, whichever is more). Drawing more traces of the "
+            f"needed: for a ±{CORRELATION_HALF_WIDTH} interval (for the PRM claim, or for the difference of "
+            "its two correlations to get a verdict by size if they stayed as measured, whichever is more). "
+            "Drawing more traces of the "
             "same problems adds pairs that are worth less as the problems repeat, and at most problems / icc "
             "independent ones (icc: the correlation of pairs within a problem, from the design effect): "
-            "'pairs needed' and 'traces needed' (`studies.n_traces`) say what gives it on this run's "
+            "'pairs needed' and 'traces needed' (`studies.n_traces`; for the PRM claim "
+            "`studies.prm.analysis_problems` when set) say what gives it on this run's "
             "problems ('out of reach' where nothing does); 'problems needed', how many problems at this "
             "run's traces per problem give it.",
             "",
@@ -1033,7 +1062,8 @@ def markdown(
     lines += [
         "",
         f"Lines of our own: an accuracy difference matters from {ACCURACY_THRESHOLD} on, a rank "
-        f"correlation from {CORRELATION_THRESHOLD}, truncation from {TRUNCATION_THRESHOLD:.0%} of the "
+        f"correlation from {CORRELATION_THRESHOLD} and a difference of two from "
+        f"{CORRELATION_DIFFERENCE_THRESHOLD}, truncation from {TRUNCATION_THRESHOLD:.0%} of the "
         f"rollouts; a value is noisy above a bootstrap sd of {NOISY_VALUE_SD}; MC costs much more than "
         f"RREDCoT at {MUCH_LARGER}x its step ratio; the paper puts RREDCoT at "
         f"{RREDCOT_COST_RANGE[0]}-{RREDCOT_COST_RANGE[1]}x GRPO.",
@@ -1083,7 +1113,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             frame.write_csv(tmp)
         power = power_table(pl.read_csv(args.paired))
         correlations = correlation_power(
-            pl.read_csv(args.attribution), pl.read_csv(args.prm), int(cfg["studies"]["n_traces"])
+            pl.read_csv(args.attribution),
+            pl.read_csv(args.prm),
+            int(cfg["studies"]["n_traces"]),
+            int(cfg["studies"]["prm"]["analysis_problems"]) or None,
         )
         with atomic_path(args.md) as tmp:
             Path(tmp).write_text(markdown(claims, cfg["experiment"], power, correlations))

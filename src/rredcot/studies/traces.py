@@ -1,6 +1,6 @@
 """Study traces: one sampled completion per problem, graded, with its RREDCoT credit.
 
-    rredcot study-traces --config C --set analysis|prm|localisation --model DIR \\
+    rredcot study-traces --config C --set analysis|prm|localisation|prm_analysis --model DIR \\
         --data test.jsonl [more.jsonl ...] --out traces.jsonl
 
 Every setting comes from the config (``rredcot.settings.reads``, stage ``study_traces``): the set
@@ -103,11 +103,13 @@ def trace_seeds(rows: Sequence[Mapping[str, Any]], seed: int) -> list[int]:
 
 # The trace sets, in the order that gives each its seed (studies.seed plus its place here), and the
 # setting that sizes each: held-out problems for the analyses and the localisation study, the RL
-# split for training the local PRM.
+# split for training the local PRM, the study split's fresh problems for the PRM study (one trace
+# each, when studies.prm.analysis_problems is set).
 TRACE_SETS: dict[str, tuple[str, ...]] = {
     "analysis": ("studies", "n_traces"),
     "prm": ("studies", "prm", "n_traces"),
     "localisation": ("studies", "localisation_traces"),
+    "prm_analysis": ("studies", "prm", "analysis_problems"),
 }
 
 
