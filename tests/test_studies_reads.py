@@ -30,6 +30,7 @@ from rredcot.studies import (
     mc,
     prm,
     prm_train,
+    problems,
     traces,
 )
 from rredcot.studies.prm import StepScores
@@ -44,7 +45,7 @@ STUDIES = {
     "mc_samples": 2,
     "mc_max_new_tokens": 12,
     "bootstrap": 10,
-    "prm": {"n_traces": 4, "epochs": 1, "batch_size": 4},
+    "prm": {"n_traces": 4, "epochs": 1, "batch_size": 4, "analysis_problems": 4},
 }
 
 
@@ -144,8 +145,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, 
     with pytest.MonkeyPatch.context() as env:
         env.delenv("MLFLOW_TRACKING_URI", raising=False)
         env.setenv("RREDCOT_INVOCATION", "study-reads-test")
-        for name in ("analysis", "prm", "localisation"):
-            data = str(root / ("rl.jsonl" if name == "prm" else "test.jsonl"))
+        fresh = str(root / "study.jsonl")
+        run("study_problems", "", problems.main, ["--out", fresh])
+        assert len(read_jsonl(fresh)) == STUDIES["prm"]["analysis_problems"]
+        for name in ("analysis", "prm", "localisation", "prm_analysis"):
+            data = {"prm": str(root / "rl.jsonl"), "prm_analysis": fresh}.get(name, str(root / "test.jsonl"))
             argv = ["--set", name, "--model", model_dir, "--data", data, "--out", str(s / name / "t.jsonl")]
             run("study_traces", name, traces.main, argv)
         for name in ("analysis", "prm"):
@@ -209,6 +213,7 @@ def test_every_study_is_run() -> None:
         "study_mc_figures",
         "study_prm",
         "study_prm_train",
+        "study_problems",
         "study_traces",
     ]
 
