@@ -37,7 +37,7 @@ import argparse
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -783,24 +783,33 @@ CORRELATION_HALF_WIDTH = 0.1
 moderate agreement (the 0.3 line) from a strong one."""
 
 
+def fisher_half_width(rho: float, n: int) -> float:
+    """The wider side of the Fisher interval of ``rho`` over ``n`` pairs."""
+    low, high = fisher_interval(rho, n)
+    return max(rho - low, high - rho)
+
+
+def fewest_pairs(holds: Callable[[int], bool], cap: int = 10**7) -> int | None:
+    """The fewest pairs (at least 4) from which ``holds`` is true, for a condition that stays true once
+    it is (an interval that narrows as the pairs grow): doubling, then bisection. None beyond ``cap``."""
+    hi = 8
+    while not holds(hi):
+        if hi > cap:
+            return None
+        hi *= 2
+    lo = hi // 2
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(mid) else (mid, hi)
+    return max(hi, 4)
+
+
 def correlation_n(rho: float, half_width: float = CORRELATION_HALF_WIDTH) -> int | None:
     """The fewest pairs whose Fisher interval around ``rho`` (``fisher_interval``) is at most
     ``half_width`` on each side; None for a correlation that is not finite."""
     if not math.isfinite(rho):
         return None
-
-    def fits(n: int) -> bool:
-        low, high = fisher_interval(rho, n)
-        return max(rho - low, high - rho) <= half_width
-
-    hi = 8
-    while not fits(hi):
-        hi *= 2
-    lo = hi // 2
-    while lo + 1 < hi:  # the interval narrows as n grows: the first n that fits
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return max(hi, 4)
+    return fewest_pairs(lambda n: fisher_half_width(rho, n) <= half_width)
 
 
 def difference_n(a: float, b: float, threshold: float = CORRELATION_DIFFERENCE_THRESHOLD) -> int | None:
@@ -811,32 +820,18 @@ def difference_n(a: float, b: float, threshold: float = CORRELATION_DIFFERENCE_T
     if not (math.isfinite(a) and math.isfinite(b)) or abs(abs(a - b) - threshold) < 1e-9:
         return None
 
-    def half(rho: float, n: int) -> float:
-        low, high = fisher_interval(rho, n)
-        return max(rho - low, high - rho)
-
     def decided(n: int) -> bool:
-        h = math.hypot(half(a, n), half(b, n))
+        h = math.hypot(fisher_half_width(a, n), fisher_half_width(b, n))
         return verdict_by_size(a - b - h, a - b + h, threshold) != "inconclusive"
 
-    hi = 8
-    while not decided(hi):
-        if hi > 10**7:
-            return None
-        hi *= 2
-    lo = hi // 2
-    while lo + 1 < hi:  # the interval narrows as n grows: the first n that decides
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if decided(mid) else (mid, hi)
-    return max(hi, 4)
+    return fewest_pairs(decided)
 
 
 def design_effect(rho: float, n: int, low: float, high: float) -> float:
     """How many times the pairs a correlation needs, against independent ones: the squared ratio of its
     bootstrap interval's half-width to the Fisher interval's at the same ρ and n (at least 1; NaN
     where either interval is missing)."""
-    f_low, f_high = fisher_interval(rho, n)
-    fisher = max(rho - f_low, f_high - rho)
+    fisher = fisher_half_width(rho, n)
     boot = max(rho - low, high - rho)
     if not (math.isfinite(fisher) and math.isfinite(boot)) or fisher <= 0:
         return math.nan
