@@ -171,7 +171,7 @@ def without_stalls(
         return {}, []
     median = float(np.median(list(step_time.values())))
     stalled = sorted(k for k, t in step_time.items() if t > factor * median)
-    return {k: (median if k in stalled else float(t)) for k, t in step_time.items()}, stalled
+    return {k: (median if t > factor * median else float(t)) for k, t in step_time.items()}, stalled
 
 
 def cumulative_seconds(step_time: Mapping[int, float], steps: Sequence[int]) -> np.ndarray:

@@ -81,7 +81,8 @@ def cluster_interval(
     names, codes = np.unique(np.asarray(clusters, dtype=object).astype(str), return_inverse=True)
     if len(names) < MIN_CLUSTERS:
         return math.nan, math.nan
-    members = [np.flatnonzero(codes == c) for c in range(len(names))]
+    # Each cluster's rows in their original order, in one sort rather than a scan per cluster.
+    members = np.split(np.argsort(codes, kind="stable"), np.cumsum(np.bincount(codes))[:-1])
 
     def rho(drawn: np.ndarray) -> float:
         rows = np.concatenate([members[int(c)] for c in drawn])
