@@ -460,3 +460,44 @@ def test_absolute_correlation_intervals_and_missing_columns():
         K.correlation_interval({"spearman": 0.5, "n": 40})
     assert K.design_effect(0.5, 100, *K.fisher_interval(0.5, 100)) == pytest.approx(1.0)
     assert K.design_effect(0.5, 100, 0.49, 0.51) == 1.0  # never below independent pairs
+
+
+def _prm_json(brier: float, constant: float = 0.10, auc: float = 0.7, steps: int = 600) -> dict:
+    """A ``prm.json`` as rredcot study-prm-train writes it, reduced to what the PRM claim reads."""
+    metrics = {"val_plain/brier": brier, "val_plain/brier_constant": constant}
+    return {"metrics": metrics | {"val_plain/auc": auc, "val_plain/n_steps": float(steps)}}
+
+
+def test_the_prm_claim_needs_a_prm_that_learned_step_values(inputs):
+    cfg, paired, cost, truncation, attribution, prm, variance, localisation = inputs
+
+    def claim(prm_model):
+        table = K.claims_table(
+            cfg,
+            paired,
+            cost,
+            truncation,
+            attribution,
+            prm,
+            variance,
+            localisation,
+            SOURCES,
+            COMPUTE,
+            prm_model,
+        )
+        return next(c for c in table if c.claim == "prm_follows_thought_nll")
+
+    # Brier skill 1 - 0.08 / 0.10 = 0.2: the PRM learned, its scores are judged (|-0.6| vs |0.1|).
+    learned = claim(_prm_json(0.08))
+    assert learned.verdict == "supported" and "Brier skill 0.200" in learned.measure
+    # 0.095 / 0.10: skill 0.05, below the 0.09 a moderate correlation explains; a PRM worse than the
+    # constant (skill < 0) and one without validation metrics neither stand for step correctness.
+    for info in (_prm_json(0.095), _prm_json(0.11), {"metrics": {}}):
+        c = claim(info)
+        assert c.verdict == "inconclusive" and c.value == learned.value
+        assert "has not learned step values" in c.note and "alone would be judged supported" in c.note
+    assert K.PRM_MIN_SKILL == pytest.approx(K.CORRELATION_THRESHOLD**2)
+    assert K.prm_skill(_prm_json(0.09))[0] == pytest.approx(0.1)
+    assert "AUC 0.70, 600 steps" in K.prm_skill(_prm_json(0.09))[1]
+    # A hub PRM has no prm.json: the correlations alone decide.
+    assert claim(None).verdict == "supported" and "validation" not in claim(None).measure

@@ -85,6 +85,8 @@ rule claims:
         prm=f"{FIG}/fig5_prm_vs_nll.csv",
         variance=f"{FIG}/fig7_mc_variance.csv",
         localisation=STUDY_LOCALISATION,
+        # The local PRM, whose validation says whether it learned step values (the PRM claim).
+        prm_model=prm_model,
     output:
         csv=report(f"{R}/claims.csv", caption="../report/claims.rst", category="Tables"),
         md=f"{R}/claims.md",
@@ -100,9 +102,11 @@ rule claims:
         localisation=lambda wc, input: (
             f"--localisation {input.localisation}" if input.localisation else ""
         ),
+        prm_model=lambda wc, input: f"--prm-model {input.prm_model}" if input.prm_model else "",
     shell:
         "rredcot claims --config {params.cfg} --paired {input.paired} --compute {input.compute}"
         " --cost {input.cost}"
         " --truncation {input.truncation} --attribution {input.attribution} --prm {input.prm}"
-        " --variance {input.variance} {params.localisation} --csv {output.csv} --md {output.md}"
+        " --variance {input.variance} {params.localisation} {params.prm_model}"
+        " --csv {output.csv} --md {output.md}"
         " > {log} 2>&1"

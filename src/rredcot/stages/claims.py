@@ -2,7 +2,8 @@
 
     rredcot claims --config C --paired paired.csv --cost cost.csv --truncation fig3_truncation.csv \\
         --attribution fig4_attribution_correlation.csv --prm fig5_prm_vs_nll.csv --compute compute.csv \\
-        --variance fig7_mc_variance.csv [--localisation localisation.json] --csv claims.csv --md claims.md
+        --variance fig7_mc_variance.csv [--localisation localisation.json] [--prm-model PRM_DIR] \\
+        --csv claims.csv --md claims.md
 
 One row per claim: the measured value, a 95% interval where the measurement has one, the practical
 threshold that says what size of effect matters (and why), and a verdict judged by size:
@@ -96,6 +97,11 @@ segments that no reading of the PRM would change with."""
 TRUNCATION_THRESHOLD = 0.05
 """Truncation matters when it loses at least 5% of the rollouts that would be correct: a value
 biased by that much changes the sign of small segment rewards."""
+PRM_MIN_SKILL = CORRELATION_THRESHOLD**2
+"""A PRM stands for step correctness only when it has learned step values: its Brier skill on held-out
+problems (1 - its Brier score / the constant training mean's) is at least this, the share of the
+values' variance that a moderate correlation (``CORRELATION_THRESHOLD``) explains. Below it the PRM's
+scores are close to a constant plus noise, and which way they lean changes with its training seed."""
 POWER_HALF_WIDTH = 0.01
 """A powered run resolves a +0.02 accuracy difference with a 95% interval no wider than ±0.01."""
 Z80 = 0.8416212335729143  # one-sided z of 80% power
@@ -466,8 +472,28 @@ def noise_claim(variance: pl.DataFrame, samples: int, source: str) -> Claim:
     )
 
 
-def prm_claim(prm: pl.DataFrame, source: str) -> Claim:
-    """The PRM's step scores follow the thought NLL change more than the answer NLL change."""
+def prm_skill(info: Mapping[str, Any]) -> tuple[float, str]:
+    """The local PRM's Brier skill on its validation problems (1 - Brier / the constant's; ``nan`` when
+    its ``prm.json`` has no validation metrics) and a line that says what it rests on."""
+    metrics = info.get("metrics") or {}
+    brier, constant = metrics.get("val_plain/brier"), metrics.get("val_plain/brier_constant")
+    if brier is None or constant is None or not constant > 0:
+        return math.nan, "no validation metrics"
+    skill = 1.0 - float(brier) / float(constant)
+    auc = float(metrics.get("val_plain/auc", math.nan))
+    steps = int(metrics.get("val_plain/n_steps", 0))
+    return skill, (
+        f"Brier skill {skill:.3f} (Brier {float(brier):.4f} against the constant's {float(constant):.4f}, "
+        f"AUC {auc:.2f}, {steps} steps of held-out problems)"
+    )
+
+
+def prm_claim(prm: pl.DataFrame, source: str, prm_model: Mapping[str, Any] | None = None) -> Claim:
+    """The PRM's step scores follow the thought NLL change more than the answer NLL change.
+
+    ``prm_model``: the local PRM's ``prm.json`` (its validation metrics). A PRM whose Brier skill is
+    below ``PRM_MIN_SKILL`` has not learned step values, so what its scores follow says nothing of the
+    claim: the verdict is inconclusive whatever the correlations."""
     statement = "The PRM's step scores follow the thought NLL more than the answer NLL"
     base = prm.filter((pl.col("prm") == "prm_score") & (~pl.col("given_answer")))
     rows = {r["nll"]: r for r in base.to_dicts()}
@@ -496,21 +522,39 @@ def prm_claim(prm: pl.DataFrame, source: str) -> Claim:
     # are read on the same segments and move together between resamples.
     half = math.hypot(max(t - t_low, t_high - t), max(a - a_low, a_high - a))
     low, high = (diff - half, diff + half) if math.isfinite(half) else (math.nan, math.nan)
-    return Claim(
-        "prm_follows_thought_nll",
-        statement,
+    measure = (
         f"|Spearman(PRM score, Δ thought NLL)| - |Spearman(PRM score, Δ answer NLL)|; thought "
         f"{t:.3f} [{t_low:.3f}, {t_high:.3f}], answer {a:.3f} [{a_low:.3f}, {a_high:.3f}] "
         f"(n = {int(thought['n'])}, {int(thought.get('clusters') or 0)} problems; 95% intervals by a "
-        "bootstrap over problems)",
+        "bootstrap over problems)"
+    )
+    verdict = verdict_by_size(low, high, CORRELATION_DIFFERENCE_THRESHOLD)
+    note = (
+        "the difference's interval combines the two correlations' half-widths as if independent "
+        "(conservative: they are read on the same segments)"
+    )
+    if prm_model is not None:
+        skill, line = prm_skill(prm_model)
+        measure += f"; the PRM's validation: {line}"
+        if not skill >= PRM_MIN_SKILL:
+            scores_verdict, verdict = verdict, "inconclusive"
+            note = (
+                f"the PRM has not learned step values (Brier skill {skill:.3f} < {PRM_MIN_SKILL:.2f}): "
+                f"its scores alone would be judged {scores_verdict}, but what they follow says nothing "
+                "of what a PRM follows; " + note
+            )
+    return Claim(
+        "prm_follows_thought_nll",
+        statement,
+        measure,
         diff,
         low,
         high,
-        verdict_by_size(low, high, CORRELATION_DIFFERENCE_THRESHOLD),
+        verdict,
         source,
-        "the difference's interval combines the two correlations' half-widths as if independent "
-        "(conservative: they are read on the same segments)",
-        f"±{CORRELATION_DIFFERENCE_THRESHOLD} in |ρ|: a sixth of a moderate correlation",
+        note,
+        f"±{CORRELATION_DIFFERENCE_THRESHOLD} in |ρ|: a sixth of a moderate correlation; a PRM with a "
+        f"Brier skill of at least {PRM_MIN_SKILL:.2f} on held-out problems",
     )
 
 
@@ -613,8 +657,10 @@ def claims_table(
     localisation: Mapping[str, Any] | None,
     sources: Mapping[str, str],
     compute: pl.DataFrame | None = None,
+    prm_model: Mapping[str, Any] | None = None,
 ) -> list[Claim]:
-    """Every claim, in the paper's order, then the testbed's checks."""
+    """Every claim, in the paper's order, then the testbed's checks. ``prm_model``: the local PRM's
+    ``prm.json``, which ``prm_claim`` reads (None for a hub PRM)."""
     arms = active_arms(cfg)
     reference = arm_label(cfg, arms[0])
 
@@ -640,7 +686,7 @@ def claims_table(
         tracks_mc_claim(attribution, sources["attribution"]),
         truncation_claim(truncation, sources["truncation"]),
         noise_claim(variance, int(cfg["credit"]["mc"]["samples"]), sources["variance"]),
-        prm_claim(prm, sources["prm"]),
+        prm_claim(prm, sources["prm"], prm_model),
         cost_claim(cost, rredcot, mc, sources["cost"]),
         accuracy_claim(
             paired if exact else paired.clear(),
@@ -1059,8 +1105,9 @@ def markdown(
         f"Lines of our own: an accuracy difference matters from {ACCURACY_THRESHOLD} on, a rank "
         f"correlation from {CORRELATION_THRESHOLD} and a difference of two from "
         f"{CORRELATION_DIFFERENCE_THRESHOLD}, truncation from {TRUNCATION_THRESHOLD:.0%} of the "
-        f"rollouts; a value is noisy above a bootstrap sd of {NOISY_VALUE_SD}; MC costs much more than "
-        f"RREDCoT at {MUCH_LARGER}x its step ratio; the paper puts RREDCoT at "
+        f"rollouts; a local PRM has learned step values from a Brier skill of {PRM_MIN_SKILL:.2f} on "
+        f"held-out problems; a value is noisy above a bootstrap sd of {NOISY_VALUE_SD}; MC costs much "
+        f"more than RREDCoT at {MUCH_LARGER}x its step ratio; the paper puts RREDCoT at "
         f"{RREDCOT_COST_RANGE[0]}-{RREDCOT_COST_RANGE[1]}x GRPO.",
         "",
     ]
@@ -1084,11 +1131,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument(
         "--compute", type=Path, help="rredcot report --compute output (accuracy at equal compute)"
     )
+    ap.add_argument(
+        "--prm-model", type=Path, help="the local PRM's directory (rredcot study-prm-train): its prm.json"
+    )
     ap.add_argument("--csv", required=True, type=Path)
     ap.add_argument("--md", required=True, type=Path)
     args = ap.parse_args(argv)
     cfg = stage_config(args.config, "claims")
-    files = ("paired", "cost", "truncation", "attribution", "prm", "variance", "localisation", "compute")
+    files = (
+        "paired",
+        "cost",
+        "truncation",
+        "attribution",
+        "prm",
+        "variance",
+        "localisation",
+        "compute",
+        "prm_model",
+    )
     sources = {k: Path(getattr(args, k)).name if getattr(args, k) else "" for k in files}
     with stage_run(cfg, "claims", rule="claims", params={k: str(getattr(args, k)) for k in files}) as run:
         claims = claims_table(
@@ -1102,6 +1162,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             json.loads(args.localisation.read_text()) if args.localisation else None,
             sources,
             pl.read_csv(args.compute) if args.compute else None,
+            json.loads((args.prm_model / "prm.json").read_text()) if args.prm_model else None,
         )
         frame = pl.DataFrame([asdict(c) for c in claims], infer_schema_length=None)
         with atomic_path(args.csv) as tmp:
