@@ -26,6 +26,14 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
         assert batch["ratios"]["token_bound_(L+KA)/L"] > 1 and batch["ratios"]["scoring_over_bound"] > 0
         assert batch["update"]["seconds"] > 0 and batch["ratios"]["credit_over_update"] > 0
     assert report["table2"]["update"]["micro_batch"] == 8 and report["table1"]["update"]["micro_batch"] == 1
+    # The precision priced: float32 credit (default and TF32 products) beside the recipe's autocast.
+    price = report["table2"]["float32_credit"]
+    assert price["autocast_s"] > 0 and "float32_credit" not in report["table1"]
+    for label, products in (("float32", "highest"), ("float32_tf32", "high")):
+        row = price[label]
+        assert row["float32_products"] == products and row["credit_s"] > 0 and row["over_autocast"] > 0
+        assert row["passes_s"]["scoring"] > 0
+        assert 0 < row["max_abs_diff_sigma_x_len"] < 10 and 0 <= row["same_segments"] <= 1
     naive = report["table2"]["naive_subset"]
     assert naive["max_abs_diff_log_p_answer"] < 1e-2 and naive["token_ratio"] > 1
     (scoring,) = report["scoring"].values()

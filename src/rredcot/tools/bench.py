@@ -49,7 +49,13 @@ from rredcot.method.assign import CreditAssigner, TraceCredit
 from rredcot.method.registry import TraceInput
 from rredcot.method.settings import CreditConfig
 from rredcot.settings.config import credit_config, load_config
-from rredcot.tools.gpu_check import batch_credit, suffix_tokens, synthetic_traces, word_tokenizer
+from rredcot.tools.gpu_check import (
+    batch_credit,
+    credit_agreement,
+    suffix_tokens,
+    synthetic_traces,
+    word_tokenizer,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -215,15 +221,6 @@ def train_step_ab(config: list[str], sft: str, data: str, arms: list[str], steps
     return out
 
 
-def most_credited(credit: Any) -> tuple[int, int]:
-    """The token span of the segment that gets the largest share of σ (for a wrong trace: the most
-    blamed one), segments as the credit cut them (thinking segments, then the answer segment)."""
-    starts = [*credit.segment_starts, credit.multiplier.numel()]
-    mass = [float(credit.multiplier[a:b].sum()) for a, b in zip(starts, starts[1:], strict=False)]
-    k = max(range(len(mass)), key=mass.__getitem__)
-    return starts[k], starts[k + 1]
-
-
 def precision(config: list[str], model_dir: str, data: str, n_traces: int, seed: int) -> dict[str, Any]:
     """σ of the same traces under bf16 autocast against float32, on a trained model.
 
@@ -268,19 +265,11 @@ def precision(config: list[str], model_dir: str, data: str, n_traces: int, seed:
         full = assigner.assign(model, items)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             half = assigner.assign(model, items)
-    diffs = [float((a.multiplier - b.multiplier).abs().max()) for a, b in zip(full, half, strict=True)]
-    same = [most_credited(a) == most_credited(b) for a, b in zip(full, half, strict=True)]
-    wrong = [s for s, t in zip(same, items, strict=True) if t.advantage < 0]
     return {
         "model": model_dir,
         "traces": len(items),
-        "wrong_traces": len(wrong),
-        "max_abs_diff_sigma_x_len": max(diffs),
-        "median_max_abs_diff_sigma_x_len": statistics.median(diffs),
-        "same_most_credited_segment": sum(same) / len(same),
-        "same_most_blamed_segment_wrong_traces": sum(wrong) / max(len(wrong), 1),
-        "same_segments": sum(a.segment_starts == b.segment_starts for a, b in zip(full, half, strict=True))
-        / len(items),
+        "wrong_traces": sum(t.advantage < 0 for t in items),
+        **credit_agreement(full, half, items),
     }
 
 

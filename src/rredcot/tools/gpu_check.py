@@ -13,11 +13,13 @@ Sections (``--sections``, all by default), each written to the report as soon as
 1. ``table2``: the Table-2 per-GPU batch (24 traces of ~3.6k tokens, 20 exit points, a 400-token
    reference solution, R1-Distill-1.5B): one forward over the batch, the credit of the batch and each
    of its passes (``CreditAssigner.seconds``: scoring with the entropies it reads, the greedy answer
-   baseline at 256 new tokens per trace), single-pass against naive scoring on 4 of the traces, and
-   the update (forward and backward of the policy's log-probabilities, micro-batch, gradient
-   checkpointing and precision as the recipe sets them), with the ratios of the acceptance targets;
+   baseline at 256 new tokens per trace), the same credit with ``credit.precision: float32``
+   (default and TF32 float32 products) against the recipe's autocast, single-pass against naive
+   scoring on 4 of the traces, and the update (forward and backward of the policy's
+   log-probabilities, micro-batch, gradient checkpointing and precision as the recipe sets them),
+   with the ratios of the acceptance targets;
 2. ``table1``: the same for the Table-1 per-GPU batch (8 traces of up to 25k tokens, 48 exit points,
-   Qwen3-4B, micro-batch 1), without the naive subset;
+   Qwen3-4B, micro-batch 1), without the float32 credit and the naive subset;
 3. ``scoring``: single-pass scoring of one trace of 8k, 16k and 25k tokens with 48 exit points per
    model shape, against one forward and the token bound ``(L + K·A)/L``;
 4. ``graphs``: the greedy baseline with and without its CUDA graph: the same solutions and
@@ -117,6 +119,7 @@ BATCHES: dict[str, dict[str, Any]] = {
         solution=400,
         own=124,
         naive=4,
+        precision=True,
     ),
     "table1": dict(
         shape="qwen3-4b",
@@ -127,6 +130,7 @@ BATCHES: dict[str, dict[str, Any]] = {
         solution=400,
         own=124,
         naive=0,
+        precision=False,
     ),
 }
 TINY_BATCHES: dict[str, dict[str, Any]] = {
@@ -350,6 +354,64 @@ def _naive_against_single(model, assigner, items, credits, device, dtype) -> dic
     }
 
 
+def most_credited(credit: Any) -> tuple[int, int]:
+    """The token span of the segment that gets the largest share of σ (for a wrong trace: the most
+    blamed one), segments as the credit cut them (thinking segments, then the answer segment)."""
+    starts = [*credit.segment_starts, credit.multiplier.numel()]
+    mass = [float(credit.multiplier[a:b].sum()) for a, b in zip(starts, starts[1:], strict=False)]
+    k = max(range(len(mass)), key=mass.__getitem__)
+    return starts[k], starts[k + 1]
+
+
+def credit_agreement(reference: list[Any], other: list[Any], items: list[Any]) -> dict[str, float]:
+    """How far ``other``'s σ of the same traces lies from ``reference``'s: the largest and the median
+    per-trace max |Δ σ·|o||, and the shares of traces whose segments, and whose most-credited segment
+    (of a wrong trace: its most blamed), are the same."""
+    pairs = list(zip(reference, other, strict=True))
+    diffs = [float((a.multiplier - b.multiplier).abs().max()) for a, b in pairs]
+    same = [most_credited(a) == most_credited(b) for a, b in pairs]
+    wrong = [s for s, t in zip(same, items, strict=True) if t.advantage < 0]
+    return {
+        "max_abs_diff_sigma_x_len": max(diffs),
+        "median_max_abs_diff_sigma_x_len": statistics.median(diffs),
+        "same_most_credited_segment": sum(same) / len(same),
+        "same_most_blamed_segment_wrong_traces": sum(wrong) / max(len(wrong), 1),
+        "same_segments": sum(a.segment_starts == b.segment_starts for a, b in pairs) / len(pairs),
+    }
+
+
+def _price_precision(model, tok, credit, items, reference, reference_s, device, dtype) -> dict[str, Any]:
+    """The batch's credit with ``credit.precision: float32`` (the passes leave the step's autocast
+    and run in the float32 master weights) against the recipe's autocast: seconds, and how far σ
+    moves. ``float32`` keeps PyTorch's default float32 products (``highest``); ``float32_tf32`` allows
+    TF32 products (``high``: what ``tf32=True`` in TRL's GRPOConfig sets), on a GPU that has them.
+    On random weights σ's differences say little of a trained model's (docs/DISTRIBUTED.md gives
+    those): the seconds are what this prices."""
+    from rredcot.method.assign import CreditAssigner
+
+    out: dict[str, Any] = {"autocast_s": round(reference_s, 3)}
+    for label, products in (("float32", "highest"), ("float32_tf32", "high")):
+        assigner = CreditAssigner(tok, replace(credit, precision="float32"))
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(products)
+        try:
+            with torch.inference_mode(), _autocast(device, dtype):  # the step's; float32 credit leaves it
+                assigner.assign(model, items[:2])  # warm-up
+                with Meter(device) as m:
+                    credits = assigner.assign(model, items)
+        finally:
+            torch.set_float32_matmul_precision(before)
+        out[label] = {
+            "float32_products": products,
+            "credit_s": round(m.seconds, 3),
+            "over_autocast": round(m.seconds / max(reference_s, 1e-9), 2),
+            "credit_peak_gb": round(m.peak_gb, 2),
+            "passes_s": {k: round(v, 3) for k, v in assigner.seconds.items()},
+            **credit_agreement(reference, credits, items),
+        }
+    return out
+
+
 def _update(model, items, micro: int, checkpointing: bool, device, dtype) -> dict[str, Any]:
     """Forward and backward of the policy's log-probabilities of every completion, in micro-batches,
     as the trainer runs them (TRL's fused LM head with a float32 head, checkpointing as the recipe)."""
@@ -447,6 +509,10 @@ def batch_section(name: str, config: str, device: torch.device, tiny: bool) -> d
             },
         }
     )
+    if spec["precision"]:
+        report["float32_credit"] = _guarded(
+            lambda: _price_precision(model, tok, credit, items, credits, m.seconds, device, dtype), device
+        )
     if spec["naive"]:
         report["naive_subset"] = _guarded(
             lambda: _naive_against_single(
