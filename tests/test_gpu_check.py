@@ -39,7 +39,10 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     (scoring,) = report["scoring"].values()
     assert [row["tokens"] for row in scoring["rows"]] == [256, 512]
     assert all(row["ratio_to_bound"] > 0 for row in scoring["rows"])
-    assert report["graphs"]["same_solutions"] and report["graphs"]["max_abs_diff_log_p"] == 0.0
+    graphs = report["graphs"]
+    assert graphs["same_solutions"] and graphs["max_abs_diff_log_p"] == 0.0
+    assert graphs["repeat_kv_same_solutions"] and graphs["repeat_kv_max_abs_diff_log_p"] < 1e-3
+    assert graphs["graphs_repeat_kv_s"] > 0 and graphs["repeat_kv_over_grouped"] > 0
     steps = report["trainer"]
     assert len(steps["step_s"]) == 3 and len(steps["credit_s"]) == 3
     assert steps["master_dtype"] == "torch.float32"

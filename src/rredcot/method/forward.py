@@ -32,6 +32,8 @@ and ``config``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -80,15 +82,115 @@ def decoder_states(
     past_key_values: Any = None,
     use_cache: bool = False,
 ) -> tuple[Tensor, Any]:
-    """Last hidden states [B, T, d] and the cache (None unless ``use_cache``) of one decoder call."""
-    out = model.get_decoder()(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=past_key_values,
-        use_cache=use_cache,
-    )
+    """Last hidden states [B, T, d] and the cache (None unless ``use_cache``) of one decoder call.
+    A call with a 4D mask runs SDPA models' attention through :func:`grouped_sdpa`."""
+    with _attention_for(model.config, attention_mask):
+        out = model.get_decoder()(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
     return out.last_hidden_state, (out.past_key_values if use_cache else None)
+
+
+GROUPED_SDPA = "rredcot_grouped_sdpa"
+"""The name :func:`grouped_sdpa` is registered under in transformers' ``AttentionInterface``."""
+
+
+def grouped_sdpa(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """SDPA for grouped-query attention under an explicit mask, without copying keys and values.
+
+    transformers' SDPA attention repeats each key/value head for every query head of its group
+    (``repeat_kv``) whenever a mask is given, since PyTorch's fused kernels take no mask together
+    with ``enable_gqa``: a copy of the layer's whole cache, six times the size of the cache itself
+    for R1-Distill-1.5B, in every layer of every call. In a decoding step (a few queries per row
+    over thousands of keys) that copy is most of the step's memory traffic. No library offers the
+    alternative, so it is written here: the query heads of each group are stacked along the query
+    axis, so that each key/value head is read in place by all of its queries, and the mask follows
+    them (a view for a per-head mask, a copy of ``groups x queries x keys`` per row otherwise).
+    Every query meets the same keys, values and mask entries as before: the same attention. Where
+    that mask copy would be larger than the key/value copy (many queries: the suffix pass), or
+    without a mask, transformers' own SDPA attention runs.
+
+    Shapes as transformers passes them: ``query`` [B, H, Q, D], ``key``/``value`` [B, Hkv, S, D],
+    ``attention_mask`` [B or 1, 1 or H, Q, S]; returns [B, Q, H, D]."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    b, h, q, d = query.shape
+    kv_heads = key.shape[1]
+    mask = attention_mask
+    plain = groups == 1 or mask is None or mask.dim() != 4 or kwargs.get("position_bias") is not None
+    if not plain and mask.shape[1] == 1:
+        plain = mask.shape[0] * groups * q > 2 * b * h * d  # the mask's copy against the cache's
+    if plain:
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
+        )
+    rows, width = mask.shape[0], mask.shape[-1]
+    if mask.shape[1] == 1:  # the same mask for every head: repeated once per query head of a group
+        mask = mask[:, :, None].expand(rows, 1, groups, q, width).reshape(rows, 1, groups * q, width)
+    else:  # heads g*groups .. g*groups+groups-1 read key/value head g (repeat_kv's order)
+        mask = mask.reshape(rows, kv_heads, groups * q, width)
+    stacked = query.reshape(b, kv_heads, groups * q, d)
+    out = F.scaled_dot_product_attention(
+        stacked, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+    )
+    return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
+
+
+_GROUPED = [True]
+
+
+@contextmanager
+def grouped_attention(enabled: bool) -> Iterator[None]:
+    """Within the block, decoder calls use :func:`grouped_sdpa` (``True``, the default outside any
+    block) or transformers' own SDPA attention (``False``): to compare the two."""
+    before = _GROUPED[0]
+    _GROUPED[0] = enabled
+    try:
+        yield
+    finally:
+        _GROUPED[0] = before
+
+
+@contextmanager
+def _attention_for(config: Any, attention_mask: Tensor | None) -> Iterator[None]:
+    """A decoder call with a 4D mask (prepared masks, which transformers passes through as they
+    are) runs an SDPA model's attention through :func:`grouped_sdpa`; any other call, or another
+    attention implementation, runs as configured."""
+    sdpa = getattr(config, "_attn_implementation", None) == "sdpa"
+    if not (_GROUPED[0] and sdpa and attention_mask is not None and attention_mask.dim() == 4):
+        yield
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)  # a dict entry: the same on every call
+    config._attn_implementation = GROUPED_SDPA
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
 
 
 def causal_states(model: torch.nn.Module, input_ids: Tensor) -> Tensor:

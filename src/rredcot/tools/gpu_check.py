@@ -22,8 +22,9 @@ Sections (``--sections``, all by default), each written to the report as soon as
    Qwen3-4B, micro-batch 1), without the float32 credit and the naive subset;
 3. ``scoring``: single-pass scoring of one trace of 8k, 16k and 25k tokens with 48 exit points per
    model shape, against one forward and the token bound ``(L + K·A)/L``;
-4. ``graphs``: the greedy baseline with and without its CUDA graph: the same solutions and
-   log-probabilities, and the time of each;
+4. ``graphs``: the greedy baseline with and without its CUDA graph, and with transformers' own
+   SDPA attention (a copy of every key/value head per query head) in place of grouped attention:
+   the same solutions and log-probabilities, and the time of each;
 5. ``trainer``: three RREDCoTTrainer steps on CUDA with the smallest model;
 6. ``vllm_baseline``: the Table-2 batch's greedy answer baseline with its solutions written by a
    vLLM engine holding the same weights (what a run with ``rl.gpu.use_vllm`` does) against
@@ -31,6 +32,7 @@ Sections (``--sections``, all by default), each written to the report as soon as
 
     rredcot gpu-check --out docs/gpu/gpu-check.json              # on a CUDA machine (~5 min, one H100)
     rredcot gpu-check --device cpu --tiny --out /tmp/gpu.json   # the same code paths, tiny, on a CPU
+    rredcot gpu-check --out gpu.json --profile profiles/        # and a profile of each batch's credit
 
 Every section catches its own out-of-memory error, frees what it built and reports it, so one
 failure does not hide the rest. The tests run the ``--tiny`` CPU form; they never need a GPU.
@@ -46,6 +48,7 @@ import math
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -412,6 +415,44 @@ def _price_precision(model, tok, credit, items, reference, reference_s, device, 
     return out
 
 
+def profile_credit(assigner, model, items, device, dtype, stem: Path) -> dict[str, Any]:
+    """One more credit of the batch under ``torch.profiler``: ``<stem>.txt``, the operators and
+    kernels by their own device time (CPU time on a CPU), and ``<stem>.trace.json.gz``, the trace
+    for chrome://tracing or Perfetto. The report keeps each pass's range (``credit.<pass>``: wall
+    milliseconds on the host, which waits for the device at the end of every pass) and the ten
+    costliest operators."""
+    import gzip
+    import shutil
+
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with torch.inference_mode(), _autocast(device, dtype), profile(activities=activities) as prof:
+        assigner.assign(model, items)
+        if cuda:
+            torch.cuda.synchronize()
+    own = "self_device_time_total" if cuda else "self_cpu_time_total"
+    averages = prof.key_averages()
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".txt").write_text(averages.table(sort_by=own, row_limit=60, max_name_column_width=90))
+    raw = stem.with_suffix(".trace.json")
+    prof.export_chrome_trace(str(raw))
+    with raw.open("rb") as src, gzip.open(f"{raw}.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    ranked = sorted((e for e in averages if not e.key.startswith("credit.")), key=lambda e: -getattr(e, own))
+    return {
+        "files": [str(stem.with_suffix(".txt")), f"{raw}.gz"],
+        "passes_ms": {
+            e.key: round(e.cpu_time_total / 1e3, 2) for e in averages if e.key.startswith("credit.")
+        },
+        "top": [
+            {"name": e.key, "calls": e.count, "self_ms": round(getattr(e, own) / 1e3, 2)} for e in ranked[:10]
+        ],
+    }
+
+
 def _update(model, items, micro: int, checkpointing: bool, device, dtype) -> dict[str, Any]:
     """Forward and backward of the policy's log-probabilities of every completion, in micro-batches,
     as the trainer runs them (TRL's fused LM head with a float32 head, checkpointing as the recipe)."""
@@ -467,8 +508,11 @@ def _batch(name: str, config: str, tiny: bool) -> tuple:
     return spec, cfg, credit, dtype, tok, items, longest
 
 
-def batch_section(name: str, config: str, device: torch.device, tiny: bool) -> dict[str, Any]:
-    """Forward, credit (each pass), naive subset and update of one recipe's per-GPU batch."""
+def batch_section(
+    name: str, config: str, device: torch.device, tiny: bool, profile_dir: Path | None = None
+) -> dict[str, Any]:
+    """Forward, credit (each pass), float32 credit, naive subset and update of one recipe's per-GPU
+    batch; with ``profile_dir``, a profile of its credit (:func:`profile_credit`)."""
     from rredcot.method.assign import CreditAssigner
 
     spec, cfg, credit, dtype, tok, items, longest = _batch(name, config, tiny)
@@ -509,6 +553,11 @@ def batch_section(name: str, config: str, device: torch.device, tiny: bool) -> d
             },
         }
     )
+    if profile_dir is not None:
+        report["profile"] = _guarded(
+            lambda: profile_credit(assigner, model, items, device, dtype, profile_dir / f"{name}-credit"),
+            device,
+        )
     if spec["precision"]:
         report["float32_credit"] = _guarded(
             lambda: _price_precision(model, tok, credit, items, credits, m.seconds, device, dtype), device
@@ -577,8 +626,11 @@ def scoring_section(shapes: dict[str, dict], vocab: int, lengths: list[int], exi
 
 
 def graphs_section(shape: dict[str, Any], vocab: int, device: torch.device, tiny: bool) -> dict[str, Any]:
-    """The greedy baseline with and without its CUDA graph: results and times."""
+    """The greedy baseline with and without its CUDA graph, and with its attention through
+    transformers' own SDPA path (``repeat_kv``: each key/value head copied for its query heads)
+    instead of :func:`rredcot.method.forward.grouped_sdpa`: results and times."""
     from rredcot.method.answer_baseline import greedy_answer_log_probs
+    from rredcot.method.forward import grouped_attention
 
     rows, head_len, new = (4, 64, 16) if tiny else (24, 3800, 256)
     rng = random.Random(0)
@@ -587,16 +639,26 @@ def graphs_section(shape: dict[str, Any], vocab: int, device: torch.device, tiny
     model = build(shape, vocab, head_len + new + 64, device, torch.float32)
     out: dict[str, Any] = {"rows": rows, "head_tokens": head_len, "new_tokens": new}
     results = {}
-    for graphs in (False, True, False):  # the first run warms up
+    # The first run warms up; the last two decode with CUDA graphs, grouped and through repeat_kv.
+    for label, graphs, grouped in (
+        ("eager", False, True),
+        ("graphs", True, True),
+        ("eager", False, True),
+        ("graphs_repeat_kv", True, False),
+    ):
         with Meter(device) as m, torch.inference_mode(), _autocast(device, torch.bfloat16):
-            log_p, solutions = greedy_answer_log_probs(
-                model, heads, answers, [10, 11], [12], lambda s: None, [1], new, cuda_graphs=graphs
-            )
-        results[graphs] = (log_p, solutions)
-        out[f"{'graphs' if graphs else 'eager'}_s"] = round(m.seconds, 3)
-    (a, sa), (b, sb) = results[False], results[True]
+            with grouped_attention(grouped):
+                log_p, solutions = greedy_answer_log_probs(
+                    model, heads, answers, [10, 11], [12], lambda s: None, [1], new, cuda_graphs=graphs
+                )
+        results[label] = (log_p, solutions)
+        out[f"{label}_s"] = round(m.seconds, 3)
+    (a, sa), (b, sb), (c, sc) = results["eager"], results["graphs"], results["graphs_repeat_kv"]
     out["same_solutions"] = sa == sb
     out["max_abs_diff_log_p"] = float((a - b).abs().max())
+    out["repeat_kv_same_solutions"] = sb == sc
+    out["repeat_kv_max_abs_diff_log_p"] = float((b - c).abs().max())
+    out["repeat_kv_over_grouped"] = round(out["graphs_repeat_kv_s"] / max(out["graphs_s"], 1e-9), 2)
     return out
 
 
@@ -725,6 +787,21 @@ def vllm_baseline_section(config: str, device: torch.device, tiny: bool) -> dict
     return report
 
 
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver's version as ``nvidia-smi`` reports it; None where it cannot be read."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out[0] if out else None
+
+
 SECTIONS = ("table2", "table1", "scoring", "graphs", "trainer", "vllm_baseline")
 
 
@@ -741,6 +818,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", default=",".join(SHAPES), help="shapes of the scoring section")
     ap.add_argument("--lengths", default="8192,16384,25000", help="trace lengths of the scoring section")
     ap.add_argument("--exits", type=int, default=48, help="exit points of the scoring section")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="also profile each batch's credit (torch.profiler): a table and a trace per batch in DIR",
+    )
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -753,11 +836,17 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"rredcot gpu-check: unknown sections {unknown}; choose from {list(SECTIONS)}")
     import transformers
 
+    cuda = device.type == "cuda"
     report: dict[str, Any] = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+        "device_memory_gb": round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1)
+        if cuda
+        else None,
+        "driver": nvidia_driver() if cuda else None,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
+        "python": platform.python_version(),
         "command": "rredcot gpu-check " + " ".join(sys.argv[1:] if argv is None else argv),
         "seconds": {},
     }
@@ -777,8 +866,8 @@ def main(argv: list[str] | None = None) -> None:
     shapes = {"tiny": TINY} if args.tiny else {m: SHAPES[m] for m in args.models.split(",")}
     vocab = TINY_VOCAB if args.tiny else VOCAB
     runs: dict[str, Callable[[], dict[str, Any]]] = {
-        "table2": lambda: batch_section("table2", args.table2_config, device, args.tiny),
-        "table1": lambda: batch_section("table1", args.table1_config, device, args.tiny),
+        "table2": lambda: batch_section("table2", args.table2_config, device, args.tiny, args.profile),
+        "table1": lambda: batch_section("table1", args.table1_config, device, args.tiny, args.profile),
         "scoring": lambda: scoring_section(
             shapes,
             vocab,
