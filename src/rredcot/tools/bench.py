@@ -315,8 +315,10 @@ def scoring_report(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     for t, c in zip(mc_traces, single, strict=False):
         mc_values(model, t, list(c.cuts), m, answer_tokens=round(a_tokens))
-    t_mc = (time.perf_counter() - t0) * len(traces) / max(1, len(mc_traces))  # scaled to the whole batch
-    _log.info(f"MC values (M={m}) {t_mc:.1f} s for the batch (scaled)")
+    t_mc = None  # not measured (--mc-traces 0)
+    if mc_traces:
+        t_mc = (time.perf_counter() - t0) * len(traces) / len(mc_traces)  # scaled to the whole batch
+        _log.info(f"MC values (M={m}) {t_mc:.1f} s for the batch (scaled)")
 
     report: dict[str, Any] = {
         "setup": {
@@ -354,8 +356,9 @@ def scoring_report(args: argparse.Namespace) -> dict[str, Any]:
             "scoring_over_bound": scoring / t_forward / bound,
             "naive_over_forward": t_naive / t_forward,
             "naive_over_single_pass": t_naive / t_single,
-            "mc_over_forward": t_mc / t_forward,
-            "mc_over_single_pass": t_mc / t_single,
+            # The scorers alone: σ's other passes (the greedy answer baseline) are the same for both.
+            "naive_scoring_over_single_pass_scoring": passes_naive.get("scoring", 0.0) / max(scoring, 1e-9),
+            **({"mc_over_forward": t_mc / t_forward, "mc_over_single_pass": t_mc / t_single} if t_mc else {}),
         },
         "max_abs_logprob_diff_single_vs_naive": diff,
         "max_abs_sigma_x_len_diff_single_vs_naive": sigma_diff,
