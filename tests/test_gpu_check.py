@@ -63,3 +63,48 @@ def test_gpu_check_refuses_without_cuda():
         pytest.skip("a CUDA device is present")
     with pytest.raises(SystemExit, match="no CUDA device"):
         main(["--out", "/dev/null"])
+
+
+@pytest.mark.slow
+def test_gpu_check_profiles_the_credit_and_an_extra_cannot_sink_its_section(tmp_path):
+    """``--profile`` writes a table and a trace of each batch's credit; where it fails (here: its
+    folder cannot be made) the failure is the profile's report and the batch keeps its numbers."""
+    out = tmp_path / "gpu.json"
+    main(
+        [
+            "--device",
+            "cpu",
+            "--tiny",
+            "--sections",
+            "table1",
+            "--profile",
+            str(tmp_path / "p"),
+            "--out",
+            str(out),
+        ]
+    )
+    profile = json.loads(out.read_text())["table1"]["profile"]
+    assert {p.rsplit("/", 1)[1] for p in profile["files"]} == {
+        "table1-credit.txt",
+        "table1-credit.trace.json.gz",
+    }
+    assert "aten::" in (tmp_path / "p" / "table1-credit.txt").read_text()
+    assert profile["passes_ms"]["credit.scoring"] > 0 and len(profile["top"]) == 10
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    main(
+        [
+            "--device",
+            "cpu",
+            "--tiny",
+            "--sections",
+            "table1",
+            "--profile",
+            str(blocked / "p"),
+            "--out",
+            str(out),
+        ]
+    )
+    batch = json.loads(out.read_text())["table1"]
+    assert batch["profile"]["error"].startswith(("FileExistsError", "NotADirectoryError"))
+    assert batch["credit_s"] > 0 and batch["update"]["seconds"] > 0

@@ -186,11 +186,12 @@ def _attention_for(config: Any, attention_mask: Tensor | None) -> Iterator[None]
     from transformers import AttentionInterface
 
     AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)  # a dict entry: the same on every call
-    config._attn_implementation = GROUPED_SDPA
+    # The config's own entry only ({"": ...}): sub-configs (a vision tower's) keep theirs.
+    config._attn_implementation = {"": GROUPED_SDPA}
     try:
         yield
     finally:
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = {"": "sdpa"}
 
 
 def causal_states(model: torch.nn.Module, input_ids: Tensor) -> Tensor:

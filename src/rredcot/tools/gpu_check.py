@@ -208,12 +208,19 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _guarded(fn: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:
-    """Run a section; an out-of-memory error becomes its report, and its memory is freed either way."""
+def _guarded(fn: Callable[[], dict[str, Any]], device: torch.device, extra: bool = False) -> dict[str, Any]:
+    """Run a section; an out-of-memory error becomes its report, and its memory is freed either way.
+    An ``extra`` (a measurement beside a section's own: the profile, the float32 price) reports any
+    error it meets, logged with its traceback, so that it cannot take the section's numbers with it."""
     try:
         return fn()
     except torch.OutOfMemoryError as exc:
         return {"error": f"out of memory: {str(exc).splitlines()[0]}"}
+    except Exception as exc:
+        if not extra:
+            raise
+        _log.exception("gpu-check: an extra measurement failed")
+        return {"error": f"{type(exc).__name__}: {exc}"}
     finally:
         _free(device)
 
@@ -557,10 +564,13 @@ def batch_section(
         report["profile"] = _guarded(
             lambda: profile_credit(assigner, model, items, device, dtype, profile_dir / f"{name}-credit"),
             device,
+            extra=True,
         )
     if spec["precision"]:
         report["float32_credit"] = _guarded(
-            lambda: _price_precision(model, tok, credit, items, credits, m.seconds, device, dtype), device
+            lambda: _price_precision(model, tok, credit, items, credits, m.seconds, device, dtype),
+            device,
+            extra=True,
         )
     if spec["naive"]:
         report["naive_subset"] = _guarded(
