@@ -70,20 +70,24 @@ def test_gpu_check_profiles_the_credit_and_an_extra_cannot_sink_its_section(tmp_
     """``--profile`` writes a table and a trace of each batch's credit; where it fails (here: its
     folder cannot be made) the failure is the profile's report and the batch keeps its numbers."""
     out = tmp_path / "gpu.json"
-    main(
-        [
-            "--device",
-            "cpu",
-            "--tiny",
-            "--sections",
-            "table1",
-            "--profile",
-            str(tmp_path / "p"),
-            "--out",
-            str(out),
-        ]
-    )
-    profile = json.loads(out.read_text())["table1"]["profile"]
+
+    def table1(profile_dir):
+        main(
+            [
+                "--device",
+                "cpu",
+                "--tiny",
+                "--sections",
+                "table1",
+                "--profile",
+                str(profile_dir),
+                "--out",
+                str(out),
+            ]
+        )
+        return json.loads(out.read_text())["table1"]
+
+    profile = table1(tmp_path / "p")["profile"]
     assert {p.rsplit("/", 1)[1] for p in profile["files"]} == {
         "table1-credit.txt",
         "table1-credit.trace.json.gz",
@@ -92,19 +96,6 @@ def test_gpu_check_profiles_the_credit_and_an_extra_cannot_sink_its_section(tmp_
     assert profile["passes_ms"]["credit.scoring"] > 0 and len(profile["top"]) == 10
     blocked = tmp_path / "file"
     blocked.write_text("")
-    main(
-        [
-            "--device",
-            "cpu",
-            "--tiny",
-            "--sections",
-            "table1",
-            "--profile",
-            str(blocked / "p"),
-            "--out",
-            str(out),
-        ]
-    )
-    batch = json.loads(out.read_text())["table1"]
+    batch = table1(blocked / "p")
     assert batch["profile"]["error"].startswith(("FileExistsError", "NotADirectoryError"))
     assert batch["credit_s"] > 0 and batch["update"]["seconds"] > 0
