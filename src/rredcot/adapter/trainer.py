@@ -1,13 +1,18 @@
-"""``RREDCoTTrainer``: TRL's GRPOTrainer with token-level credit assignment (docs/METHOD-NOTES.md).
+"""``RREDCoTTrainer``: TRL's GRPOTrainer with token-level credit assignment (docs/library.md; the
+method: docs/method.md, "From a trace to σ").
 
 The adapter is deliberately thin. The parent generates, rewards and computes one advantage per
-completion; this class turns each advantage into per-token advantages ``A · σ_t · |o|`` so that
-TRL's sequence-mean loss (``loss_type="grpo"``) becomes ``Σ_t σ_t ℓ_t``. The credit method chooses σ
-(:func:`rredcot.method.credit.credit_multiplier`): ``uniform`` leaves TRL's advantages untouched (stock GRPO
-bit for bit under every loss type), ``entropy`` weights tokens by the policy's entropy, ``rredcot``
-and ``rredcot+entropy`` spread the advantage over segments by the change of exit-point values,
-scored by teacher forcing the reference pairs with the value model in a single pass per trace
-(:mod:`rredcot.method.scoring.single_pass`).
+completion; :meth:`RREDCoTTrainer._generate_and_score_completions` turns each advantage ``A`` into
+per-token advantages ``A · σ·|o|`` (σ·|o|, read "sigma times length": token t's share σ_t of the
+trace's advantage times the trace's length |o|; uniform GRPO is σ·|o| = 1 for every token), so
+that TRL's sequence-mean loss (``loss_type="grpo"``) becomes ``Σ_t σ_t ℓ_t``. The credit method
+chooses σ (:func:`rredcot.method.registry.credit_multiplier`, :meth:`rredcot.method.registry
+.CreditMethod.multiplier`): ``uniform`` leaves TRL's advantages untouched (stock GRPO bit for bit
+under every loss type), ``entropy`` weights tokens by the policy's entropy, ``rredcot`` and
+``rredcot+entropy`` spread the advantage over segments by the change of exit-point values, scored
+by teacher forcing the reference pairs with the value model in a single pass per trace
+(:func:`rredcot.method.scoring.single_pass.score_traces_single_pass`), through
+:meth:`rredcot.method.assign.CreditAssigner.assign`.
 
 Distributed runs (``accelerate launch``: DDP, DeepSpeed ZeRO-1/2/3, FSDP2): the credit passes run on
 whole parameters (:func:`rredcot.adapter.distributed.scoring_model`), so each process scores its own slice
@@ -70,8 +75,8 @@ class RREDCoTTrainer(GRPOTrainer):
     .exact_value_functions``), and ``rollout_reward`` for each trace's own outcome. Credit records of
     sampled traces accumulate in ``credit_views`` (main process) when ``view_every`` > 0.
     ``sampling_seed`` (an int) pairs the sampling of runs that share it (common random numbers, for
-    comparing arms); None keeps TRL's random stream, and with uniform credit the run is then stock GRPO
-    bit for bit.
+    comparing credit methods); None keeps TRL's random stream, and with uniform credit the run is
+    then stock GRPO bit for bit.
     """
 
     def __init__(
@@ -121,20 +126,20 @@ class RREDCoTTrainer(GRPOTrainer):
         if not self.credit.kind.uniform:
             check_backend(self.accelerator, self.args.ds3_gather_for_generation)
         if self.credit.kind.needs_reference_pairs and self.credit.value_model == "reference":
-            # TRL keeps a reference model only when beta > 0; otherwise load a frozen one of the start.
+            # TRL keeps a reference model only when beta > 0; otherwise load a frozen initial policy.
             self._value_model = self.ref_model if self.ref_model is not None else self._frozen_start()
         if not self.credit.kind.uniform and self.loss_type != "grpo":
             # σ sums to 1 per trace only under the sequence-mean normaliser.
             _log.info("loss_type=%r: σ·|o| is applied under that normaliser", self.loss_type)
 
     def _frozen_start(self) -> torch.nn.Module:
-        """A frozen model with the start weights, prepared for the launcher as TRL prepares its
-        reference model.
+        """A frozen model with the initial policy's weights, prepared for the launcher as TRL prepares
+        its reference model.
 
         A new instance, never a copy of the policy object: TRL rebinds the policy's ``forward`` (the
         fused LM head) to a closure over the live policy, which a deep copy would keep calling. The
-        weights come from the start checkpoint when the policy was loaded from one (also right after
-        a resume, when the policy holds later weights), else from the policy as it is now.
+        weights come from the checkpoint the policy was loaded from, if any (also right after a
+        resume, when the policy holds later weights), else from the policy as it is now.
         """
         from transformers import AutoModelForCausalLM
         from trl.models import prepare_deepspeed, prepare_fsdp
@@ -179,9 +184,9 @@ class RREDCoTTrainer(GRPOTrainer):
     # -- the override ----------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if self.sampling_seed is not None and self.model.training:
-            # Common random numbers: two runs with the same sampling_seed (arms of one seed) draw
-            # the same noise for the same step and row, so they sample the same completions wherever
-            # their policies agree, and the difference between arms is not drowned by which
+            # Common random numbers: two runs with the same sampling_seed (the credit methods of one
+            # seed) draw the same noise for the same step and row, so they sample the same completions
+            # wherever their policies agree, and the difference between methods is not drowned by which
             # completions each happened to draw. A resumed run draws what the uninterrupted one did.
             step = int(self.state.global_step)
             batch = self._generation_batches.get(step, 0)
@@ -193,6 +198,12 @@ class RREDCoTTrainer(GRPOTrainer):
         t0 = time.perf_counter()
         advantages, mask = out["advantages"], out["completion_mask"]
         per_token = self._credit_multipliers(inputs, out).to(advantages.dtype)
+        # Here TRL's (B,) advantages become (B, T): row i is A_i · σ·|o| over completion i's tokens.
+        # This relies on GRPOTrainer._compute_loss (TRL >= 0.26; pyproject.toml's floor is 0.29): it
+        # unsqueezes `inputs["advantages"]` only when it is 1-D, so a (B, T) tensor multiplies the
+        # (B, T) per-token ratio terms element by element, and the loss type's normaliser (per
+        # sequence for "grpo", per token for "bnpo"/"dapo") then sums them with the completion mask.
+        # TRL splits and shuffles the batch dict along dim 0 only, so (B, T) rows travel intact.
         # Padding positions are masked out of the loss; keep the factor 1 there so nothing changes.
         out["advantages"] = advantages.unsqueeze(1) * torch.where(mask.bool(), per_token, 1.0)
         # The step waits for the slowest process: the maximum over processes, in all and per pass.
@@ -256,6 +267,8 @@ class RREDCoTTrainer(GRPOTrainer):
             yield policy, value
 
     def _credit_multipliers(self, inputs: list[dict[str, Any]], out: dict[str, Any]) -> torch.Tensor:
+        """σ·|o| of every completion token of the batch, [B, T] (1 for completions with a zero
+        advantage, which have nothing to spread, and beyond each completion's end)."""
         prompt_ids, prompt_mask = out["prompt_ids"], out["prompt_mask"]
         completion_ids, completion_mask = out["completion_ids"], out["completion_mask"]
         advantages = out["advantages"]
