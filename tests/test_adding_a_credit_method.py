@@ -1,6 +1,6 @@
 """A new credit method is one registered function in one module (tests/answer_blame.py, the example
-of docs/METHOD-NOTES.md): it reads the settings its source declares, runs through CreditAssigner
-and through RREDCoTTrainer like the built-in methods."""
+of docs/library.md, "Adding a credit method"): it reads the settings its source declares, runs
+through CreditAssigner and through RREDCoTTrainer like the built-in methods."""
 
 from __future__ import annotations
 

@@ -6,10 +6,13 @@ import random
 
 import pytest
 import torch
+from numerics import log_prob_sum_tol, model_terms
 from tiny_models import tiny_llama, tiny_nemotron_h, tiny_qwen, tiny_qwen3_next
 
 from rredcot.method.answer_baseline import greedy_answer_log_probs
 from rredcot.method.scoring.types import ScoringBudget
+
+pytestmark = pytest.mark.numerics  # compares two computations (tests/numerics.py)
 
 VOCAB = 53
 EOS = 1
@@ -93,9 +96,12 @@ def test_greedy_baseline_matches_naive_decoding_and_teacher_forcing(name, seed, 
         budget=budget,
         drafts=given,
     )
+    # Sequences of at most head 29 + solution 9 + prefix 2 + answer 3 + suffix 1 tokens; the answer's
+    # at most 3 tokens scored (tests/numerics.py).
+    tol = log_prob_sum_tol(model_terms(model, 44), 3)
     for b, (log_p, solution) in enumerate(want):
         assert solutions[b] == solution
-        assert float(got[b]) == pytest.approx(log_p, abs=2e-4)
+        assert float(got[b]) == pytest.approx(log_p, abs=tol["atol"], rel=tol["rtol"])
 
 
 def _late_stop_at(generated: list[int]) -> int | None:
@@ -125,7 +131,8 @@ def test_eos_and_length_limit_end_the_solution():
     assert solutions == [[]]
     with torch.no_grad():
         log_p = torch.log_softmax(model(torch.tensor([head + [7, 11]])).logits[0], dim=-1)
-    assert float(got[0]) == pytest.approx(float(log_p[len(head), 11]), abs=1e-5)
+    tol = log_prob_sum_tol(model_terms(model, 5), 1)  # head 3 + prefix 1 + answer 1 tokens, 1 scored
+    assert float(got[0]) == pytest.approx(float(log_p[len(head), 11]), abs=tol["atol"], rel=tol["rtol"])
     # Without a stop or EOS it writes exactly max_new_tokens.
     _, solutions = greedy_answer_log_probs(model, [head], [[11]], [7], [], lambda g: None, [], 6)
     assert len(solutions[0]) == 6

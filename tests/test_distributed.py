@@ -8,7 +8,7 @@ What each shows:
 - FSDP2: the credit passes on a sharded model make no collective call (the processes run different
   numbers of forwards) and give the unsharded model's credit;
 - a two-process train job writes its outputs and MLflow run once, and resumes after a SIGKILL.
-FSDP through accelerate needs GPUs (accelerate refuses it on a CPU); docs/DISTRIBUTED.md says what
+FSDP through accelerate needs GPUs (accelerate refuses it on a CPU); docs/distributed.md says what
 is tested where.
 """
 

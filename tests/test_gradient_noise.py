@@ -63,6 +63,7 @@ def _gradients(setup, error_rate: float, seed: int = 0):
     return gradient_noise.batch_gradients(model, tok, gen, rows, cfg, arms, assigners, seed)
 
 
+@pytest.mark.numerics
 def test_credit_turns_the_batch_gradient_and_uniform_credit_is_grpos(setup) -> None:
     grads = _gradients(setup, error_rate=0.3)
     assert grads is not None and grads["grpo"].norm() > 0

@@ -31,6 +31,7 @@ def test_hybrid_caches_are_not_cut():
         assert not supports_single_pass(build(VOCAB + 1, 0))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", list(HYBRIDS))
 def test_rredcot_credit_on_a_hybrid_model(name, caplog):
     model = HYBRIDS[name](CharTokens.eos_token_id + 1, 1)

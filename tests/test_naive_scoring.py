@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from numerics import log_prob_sum_tol, model_terms
 from tiny_models import tiny_qwen
 from transformers import Qwen2ForCausalLM
 
 from rredcot.method.credit import pr_log_value
 from rredcot.method.scoring.naive import score_exit_points, score_reference_pairs
 from rredcot.method.scoring.types import ExitScores
+
+pytestmark = pytest.mark.numerics  # compares two computations (tests/numerics.py)
 
 VOCAB = 50
 
@@ -31,6 +34,13 @@ ANSWER = _ids(2, 5)
 PREFIX = _ids(2, 6)
 SUFFIX = _ids(1, 7)
 CUTS = [0, 4, 11, 17, len(COMPLETION)]
+# Sequences of at most prompt 7 + completion 23 + exit 3 + solution 12 + prefix 2 + answer 3 + suffix 1
+# tokens; a sum scores at most 12 of them (tests/numerics.py).
+SEQ_LEN, SCORED = 51, 12
+
+
+def _tol(model: Qwen2ForCausalLM) -> dict[str, float]:
+    return log_prob_sum_tol(model_terms(model, SEQ_LEN), SCORED)
 
 
 def _reference(
@@ -69,8 +79,8 @@ def test_batched_scores_match_single_forward(model: Qwen2ForCausalLM) -> None:
     scores = _score(model)
     assert scores.log_p_solution.dtype == torch.float32 and scores.log_p_solution.shape == (len(CUTS),)
     expected = torch.tensor([_reference(model, cut, SOLUTION, ANSWER) for cut in CUTS])
-    torch.testing.assert_close(scores.log_p_solution, expected[:, 0], atol=1e-5, rtol=0)
-    torch.testing.assert_close(scores.log_p_answer, expected[:, 1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(scores.log_p_solution, expected[:, 0], **_tol(model))
+    torch.testing.assert_close(scores.log_p_answer, expected[:, 1], **_tol(model))
     # Real log-probabilities: negative, and different between exit points.
     assert (scores.log_p_solution < 0).all() and (scores.log_p_answer < 0).all()
     assert scores.log_p_solution.unique().numel() == len(CUTS)
@@ -80,8 +90,8 @@ def test_batched_scores_match_single_forward(model: Qwen2ForCausalLM) -> None:
 def test_chunking_gives_the_same_numbers(model: Qwen2ForCausalLM, max_batch_tokens: int) -> None:
     full = _score(model)
     chunked = _score(model, max_batch_tokens)
-    torch.testing.assert_close(chunked.log_p_solution, full.log_p_solution, atol=1e-5, rtol=0)
-    torch.testing.assert_close(chunked.log_p_answer, full.log_p_answer, atol=1e-5, rtol=0)
+    torch.testing.assert_close(chunked.log_p_solution, full.log_p_solution, **_tol(model))
+    torch.testing.assert_close(chunked.log_p_answer, full.log_p_answer, **_tol(model))
 
 
 def test_reference_pairs(model: Qwen2ForCausalLM) -> None:
@@ -92,8 +102,8 @@ def test_reference_pairs(model: Qwen2ForCausalLM) -> None:
     assert log_p_solution.shape == log_p_answer.shape == (len(CUTS), len(pairs))
     for j, (solution, answer) in enumerate(pairs):
         expected = torch.tensor([_reference(model, cut, solution, answer) for cut in CUTS])
-        torch.testing.assert_close(log_p_solution[:, j], expected[:, 0], atol=1e-5, rtol=0)
-        torch.testing.assert_close(log_p_answer[:, j], expected[:, 1], atol=1e-5, rtol=0)
+        torch.testing.assert_close(log_p_solution[:, j], expected[:, 0], **_tol(model))
+        torch.testing.assert_close(log_p_answer[:, j], expected[:, 1], **_tol(model))
     # The scores plug straight into the value estimate: one log value per exit point.
     log_values = pr_log_value(log_p_solution, log_p_answer, torch.zeros(len(pairs)), torch.ones(len(pairs)))
     assert log_values.shape == (len(CUTS),) and torch.isfinite(log_values).all()

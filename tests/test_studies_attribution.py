@@ -75,6 +75,7 @@ def _answer_log_p(model: Qwen2ForCausalLM, head: list[int], item: AttrInput) -> 
     return answer, solution
 
 
+@pytest.mark.numerics
 def test_leave_one_out_matches_direct_recomputation(model: Qwen2ForCausalLM) -> None:
     loo = leave_one_out(model, ITEMS, STRINGS, max_batch_tokens=120)  # small budget: several batches
     assert [len(a) for a, _ in loo] == [4, 2, 0]
@@ -88,6 +89,7 @@ def test_leave_one_out_matches_direct_recomputation(model: Qwen2ForCausalLM) -> 
     assert loo[0][1][k] == pytest.approx(full_a + full_s - drop_a - drop_s, abs=1e-4)
 
 
+@pytest.mark.numerics
 def test_gradient_norms_match_direct_recomputation(model: Qwen2ForCausalLM) -> None:
     grads = gradient_norms(model, ITEMS, STRINGS, max_batch_tokens=4096, objectives=("answer", "value"))
     for objective in ("answer", "value"):  # one padded batch; two backward passes

@@ -101,6 +101,7 @@ def test_qwen_prm_text_places_one_separator_after_every_step(tok) -> None:  # no
     assert "The correct final answer is \\boxed{4}.<|im_end|>" in hinted
 
 
+@pytest.mark.numerics
 def test_qwen_prm_scores_are_positive_probabilities_at_separators(tok, classifier) -> None:  # noqa: ANN001
     scorer = QwenPRMScorer(classifier, tok, max_batch_tokens=64)  # small budget: one trace per batch
     traces = [_step_trace(tok), _step_trace(tok, "Start at 9, times 3. Work mod 10.")]
@@ -127,6 +128,7 @@ def test_qwen_prm_loads_from_a_directory(tok, classifier, tmp_path) -> None:  # 
     )
 
 
+@pytest.mark.numerics
 def test_local_scorer_reads_prompt_end_and_step_ends(tok, classifier) -> None:  # noqa: ANN001
     assert local_positions(5, [3, 1, 4]) == [4, 7, 8, 12]
     trace = _step_trace(tok)

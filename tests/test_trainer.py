@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 from datasets import Dataset
+from numerics import assert_same_credit, float32_tol, log_prob_sum_tol, model_terms
 from trl import GRPOTrainer
 
 from rredcot.adapter.experiment import grpo_args
@@ -227,11 +228,33 @@ def test_every_credit_method_gives_a_distribution(setup, method):
     assert trainer._metrics["train"]["credit/traces"][-1] == len(factors)
 
 
-def test_single_pass_and_naive_scorers_give_the_same_credit(setup):
-    _, single = _credit_batch(setup, "rredcot", scorer="single_pass")
+@pytest.mark.numerics
+def test_single_pass_and_naive_scorers_give_the_same_credit(setup, monkeypatch):
+    calls = []  # (assigner, traces, credits) of each scorer
+    assign = CreditAssigner.assign
+
+    def recorded(self, policy, items, *rest):
+        credits = assign(self, policy, items, *rest)
+        calls.append((self, items, credits))
+        return credits
+
+    monkeypatch.setattr(CreditAssigner, "assign", recorded)
+    trainer, single = _credit_batch(setup, "rredcot", scorer="single_pass")
     _, naive = _credit_batch(setup, "rredcot", scorer="naive")
     assert torch.equal(single["completion_ids"], naive["completion_ids"])
-    torch.testing.assert_close(single["advantages"], naive["advantages"], atol=1e-4, rtol=1e-4)
+    (assigner, items, reference), (_, _, other) = calls
+    cfg = assigner.cfg
+    # n: sequences of prompt ⊕ completion ⊕ the longest exit suffix; a sum scores a solution or answer.
+    pairs = [len(assigner.encode(s)) + len(assigner.encode(a)) for t in items for s, a in t.pairs]
+    suffix = sum(len(assigner.encode(x)) for x in (cfg.exit_string, cfg.answer_prefix, cfg.answer_suffix))
+    seq_len = max(len(t.prompt_ids) + len(t.completion_ids) for t in items) + suffix + max(pairs)
+    scores = log_prob_sum_tol(model_terms(trainer.model, seq_len), max(pairs))
+    bound = 0.0
+    for item, ref, got in zip(items, reference, other, strict=True):
+        sigma_bound = assert_same_credit(got, ref, item.advantage, cfg.mix, scores)
+        bound = max(bound, abs(item.advantage) * float(sigma_bound.max()))
+    # The advantages are each trace's advantage times its σ·|o| (float32).
+    torch.testing.assert_close(single["advantages"], naive["advantages"], atol=bound, rtol=float32_tol(1))
 
 
 def test_group_pairs_reference_value_model_and_views(setup):
