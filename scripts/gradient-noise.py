@@ -2,16 +2,17 @@
 
 On the synthetic task: sample GRPO batches from a model (``rl.prompts_per_step`` problems of the RL
 split x ``rl.num_generations`` completions at ``rl.temperature``), reward each completion by its
-boxed answer against the true one, take group-normalised advantages, and compute for every named arm
-the policy gradient of the same batch with that arm's σ (the trainer's own credit code:
-``CreditAssigner`` with the arm's ``CreditConfig``; uniform σ for GRPO). Then, over the batches:
+boxed answer against the true one, take group-normalised advantages, and compute for every named
+training method (a name under the config's ``arms``) the policy gradient of the same batch with
+that method's σ (the trainer's own credit code: ``CreditAssigner`` with the method's
+``CreditConfig``; uniform σ for GRPO). Then, over the batches:
 
-- ``cos(arm, first arm)``: how far the arm's credit turns the gradient of the same batch;
+- ``cos(arm, first arm)``: how far the method's credit turns the gradient of the same batch;
 - ``signal share``: the fraction of a batch gradient's squared norm that is its expectation,
   estimated from B batches as (|mean g|² / mean |g|² - 1/B) / (1 - 1/B) (0: pure noise);
 - ``cos across batches``: the mean cosine between the gradients of two different batches.
 
-RREDCoT's exit-point values are scored as in training; the Monte Carlo arm (its rollouts belong to
+RREDCoT's exit-point values are scored as in training; Monte Carlo credit (its rollouts belong to
 the trainer) is not supported.
 
     python scripts/gradient-noise.py --config config/config.yaml --model results/models/sft \\

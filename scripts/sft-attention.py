@@ -3,16 +3,15 @@
 Builds the SFT stage's own trainer (``rredcot.stages.sft.build_sft_trainer``) once per kernel and
 times the same optimizer steps of each (same seed, same batches, no checkpoints), the kernels taking
 turns ``--repeats`` times so that a machine's drift does not favour one. From a fresh model by
-default; ``--model`` starts every run from a trained one instead (the SFT stage's output). Windows
-of a few hundred steps have cost the same in both kernels so far, though the whole SFT job ran
-12-15% faster in eager. Prints seconds per step (mean and median) and the ratio to the first
-kernel; ``--profile`` adds torch.profiler's top operators of each run. The default's numbers are in
-docs/METHOD-NOTES.md, "The default's time budget".
+default; ``--model`` starts every run from a trained one instead (the SFT stage's output). Prints
+seconds per step (mean and median) and the ratio to the first kernel; ``--profile`` adds
+torch.profiler's top operators of each run. What the default's SFT costs in each kernel:
+docs/results.md#the-default-run.
 
     python scripts/sft-attention.py --data results/data/sft.jsonl
     python scripts/sft-attention.py --data results/data/sft.jsonl --model results/models/sft --steps 150
 
-A few hundred steps of the default model take half a minute per run on two threads.
+A few hundred steps of the default model take well under a minute per run on two threads.
 """
 
 from __future__ import annotations

@@ -3,15 +3,15 @@
 For each (``sft.seed``, ``threads.sft``) pair the workflow runs the SFT job and the base model's
 evaluation (greedy and sampled avg@4 on the held-out split) in a results folder of its own, with the
 config files given plus an override of those two keys. The table prints as each run ends; the whole
-matrix also goes to ``<out>/sft-seeds.csv``. A converged start scores 0.85-1.0 greedy (chance is
-0.1); one that copies and formats but has not learnt the arithmetic 0.2-0.6 (docs/METHOD-NOTES.md,
-"SFT convergence").
+matrix also goes to ``<out>/sft-seeds.csv``. A converged SFT model scores 0.85-1.0 greedy (chance
+is 0.1); one that copies and formats but has not learnt the arithmetic 0.2-0.6 (docs/testbed.md,
+"The SFT model").
 
     python scripts/sft-seeds.py --seeds 0 1 2 --threads 1 2           # six SFT runs, one at a time
     python scripts/sft-seeds.py --seeds 1 2 --threads 1 --parallel 2   # two one-thread runs side by side
 
-Each run takes as long as the default's SFT (about 7 minutes on two threads of a 2-core machine);
-a finished pair is not run again (snakemake finds its outputs), so an interrupted matrix resumes.
+Each run takes as long as the default's SFT (docs/results.md#the-default-run); a finished pair is
+not run again (snakemake finds its outputs), so an interrupted matrix resumes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A credit method of one module: the example of docs/METHOD-NOTES.md, "Adding a credit method".
+"""A credit method of one module: the example of docs/library.md, "Adding a credit method".
 
 ``answer_blame`` puts a trace's whole redistributed share on the answer after the model's own exit
 (a wrong trace blames its final solution, a right one credits it); traces that never exit get

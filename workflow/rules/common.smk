@@ -96,19 +96,19 @@ START_MODEL = (
 
 
 def start_model_input(wildcards):
-    """The start model as a tracked input: only the SFT output is a file of this workflow."""
+    """The model RL starts from as a tracked input: only the SFT output is a file of this workflow."""
     return [START_MODEL] if config["sft"]["enabled"] else []
 
 
 def model_dir(wildcards):
-    """The model an evaluation reads: the start model for `base`, else the trained arm/seed."""
+    """The model an evaluation reads: the model RL starts from for `base`, else the trained method/seed."""
     if wildcards.arm == "base":
         return start_model_input(wildcards)
     return [f"{R}/train/{wildcards.arm}/seed{wildcards.seed}/model"]
 
 
 def model_arg(wildcards):
-    """The --model argument of an evaluation (the start model may be a hub id)."""
+    """The --model argument of an evaluation (the model RL starts from may be a hub id)."""
     if wildcards.arm == "base":
         return START_MODEL
     return f"{R}/train/{wildcards.arm}/seed{wildcards.seed}/model"

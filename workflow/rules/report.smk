@@ -74,7 +74,7 @@ rule tables:
         " --train-dir {params.train} {params.bench} > {log} 2>&1"
 
 
-# The paper's claims, each with the measured value, its interval and a verdict on this testbed.
+# The paper's claims, each with the measured value, its interval and a verdict on this run.
 rule claims:
     input:
         paired=f"{R}/paired.csv",

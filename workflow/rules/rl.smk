@@ -26,7 +26,7 @@ rule train:
         checkpoints=lambda wc: f"{R}/checkpoints/train/{wc.arm}/seed{wc.seed}",
     shell:
         # exec: the launcher replaces the job's shell, which would end on SLURM's SIGTERM before the
-        # stage saves its checkpoint (docs/SLURM.md, "Preemption and time limits").
+        # stage saves its checkpoint (docs/resume.md, "Preemption and time limits").
         "exec rredcot launch train --config {params.cfg} --arm {wildcards.arm} --seed {wildcards.seed}"
         " --model {params.model} --data {input.data} --eval-data {input.heldout}"
         " --out {params.out} --checkpoint-dir {params.checkpoints} > {log} 2>&1"

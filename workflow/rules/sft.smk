@@ -19,6 +19,6 @@ rule sft:
         checkpoints=f"{R}/checkpoints/sft",
     shell:
         # exec: the launcher replaces the job's shell, which would end on SLURM's SIGTERM before the
-        # stage saves its checkpoint (docs/SLURM.md, "Preemption and time limits").
+        # stage saves its checkpoint (docs/resume.md, "Preemption and time limits").
         "exec rredcot launch sft --config {params.cfg} --data {input} --out {output}"
         " --checkpoint-dir {params.checkpoints} > {log} 2>&1"

@@ -1,4 +1,4 @@
-# The paper's analyses on traces of the start model (Figures 3-7); paths and helpers are in
+# The paper's analyses on traces of the model RL starts from (Figures 3-7); paths and helpers are in
 # common.smk. `analysis` traces come from the held-out problems (the benchmarks at full scale);
 # `prm` traces, from the RL split, only train the small process reward model, so that it never
 # scores the traces it learned from; `prm_analysis` traces, one each of the study split's fresh

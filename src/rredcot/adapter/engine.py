@@ -12,7 +12,7 @@ On a CPU, vLLM's backend packs the linear layers' weights into its kernels, whic
 weight sync cannot reach: :func:`use_cpu_weight_sync` gives the run's colocated engine a sync that
 loads the weights through vLLM's reload (:func:`rredcot.lm.vllm_engine.load_weights`). TRL's server
 mode pushes weights over NCCL, which needs CUDA: on a CPU a server can generate, but not follow the
-policy (docs/DISTRIBUTED.md, "vLLM").
+policy (docs/vllm.md).
 """
 
 from __future__ import annotations

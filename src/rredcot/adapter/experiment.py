@@ -59,7 +59,7 @@ def grpo_args(
     """TRL GRPOConfig shared by every arm: only the credit method (and loss type) differ.
 
     ``rl.gpu.use_vllm`` generates with vLLM on GPUs and, with vLLM's CPU build, on a CPU (a colocated
-    engine there; docs/DISTRIBUTED.md, "vLLM"); gradient checkpointing applies only when CUDA is
+    engine there; docs/vllm.md); gradient checkpointing applies only when CUDA is
     available. The micro-batch and gradient accumulation follow from ``rl.micro_batch_size`` and the
     number of training processes (:func:`micro_batching`).
     """

@@ -35,7 +35,7 @@ Step = tuple[str, int]
 
 @dataclass
 class TaskConfig:
-    """The synthetic multi-step arithmetic task; the defaults are the embedded default's (CPU scale)."""
+    """The synthetic multi-step arithmetic task; the defaults are the default config's (CPU scale)."""
 
     modulus: int = 10
     """All arithmetic is done modulo this number; answers are residues ``0..modulus-1``."""
@@ -51,7 +51,7 @@ class TaskConfig:
     """Fraction of the task's facts (``value op operand``) that the teacher holds a fixed wrong
     result for (drawn once from ``seed``). Unlike the random slips of ``teacher_error_rate``, these
     mistakes are systematic: the warmed-up model believes them too, and RL has to unlearn each one
-    on its own (``config/misconceptions.yaml``; docs/METHOD-NOTES.md, "The synthetic task")."""
+    on its own (``config/misconceptions.yaml``; docs/testbed.md, "The synthetic task")."""
     misconception_rate: float = 0.5
     """Probability that the teacher writes its wrong result when a step is one of its misconceived
     facts (else the step is written like any other)."""
@@ -72,9 +72,9 @@ class TaskConfig:
     error rate), ignoring the thinking lines that started from another value. 0: the solution
     copies the thinking throughout. Meant to teach the model that a solution which has left its
     thinking works on by itself, so that the reference solution at an exit after a wrong line is
-    not read as disagreeing with every later line as well (which moves blame past the culprit). At
-    0.05 blame found the culprit more often but SFT did not converge; at 0.02 SFT converged and
-    blame did not move (docs/METHOD-NOTES.md, "Blame localisation on the default")."""
+    not read as disagreeing with every later line as well (which moves blame past the first wrong
+    step). Off by default: a rate high enough to move blame kept SFT from converging
+    (docs/testbed.md, "The synthetic task")."""
     sft_exit_rows: float = 0.25
     """Fraction of the SFT split's rows that start at an exit point: the prompt holds the first j
     thinking lines of a teacher trace (j uniform over 0..level) and the exit string, the completion
@@ -194,10 +194,10 @@ _EQUATION = re.compile(r"(\d+\s*)?([-+*])\s*(\d+)\s*=\s*(\d+)")
 
 
 def culprit(problem: str, completion: str) -> tuple[str, int] | None:
-    """(``"thinking"`` or ``"answer"``, character offset in the completion) of where a trace goes
-    wrong, or None when the problem is not synthetic or the final answer is right. The offset is
-    that of the wrong value in the thinking line that set it, or of the exit string that opens the
-    final solution.
+    """The culprit of a wrong trace, its first wrong step: (``"thinking"`` or ``"answer"``, character
+    offset in the completion) of where the trace goes wrong, or None when the problem is not
+    synthetic or the final answer is right. The offset is that of the wrong value in the thinking
+    line that set it, or of the exit string that opens the final solution.
 
     The final answer inherits its error from the first wrong value of the final solution. When the
     thinking kept that same wrong value for that step, the solution copied it: the culprit is the
@@ -231,7 +231,7 @@ def culprit(problem: str, completion: str) -> tuple[str, int] | None:
 
 def culprit_offset(row: Mapping[str, Any], completion: str) -> int | None:
     """Where a completion of ``row["problem"]`` first goes wrong (character offset; None: it is
-    right): the knowledge behind the ``oracle`` credit arm (``RREDCoTTrainer(culprit=...)``)."""
+    right): the knowledge behind the ``oracle`` credit method (``RREDCoTTrainer(culprit=...)``)."""
     problem = row.get("problem")
     if parse_problem(problem) is None:
         raise ValueError(
@@ -340,7 +340,7 @@ def exact_value_functions(
 ) -> list[Callable[[Sequence[int]], list[float]]]:
     """Per completion of a batch (``rows[i]["problem"]``, ``completions[i]``), the function from
     character offsets to its ``exact_values`` at the batch's own slip rate (``batch_slip_rate``): the
-    knowledge behind the ``exact`` credit arm (``RREDCoTTrainer(task_values=...)``)."""
+    knowledge behind the ``exact`` credit method (``RREDCoTTrainer(task_values=...)``)."""
     problems = [str(row.get("problem")) for row in rows]
     for row, problem in zip(rows, problems, strict=True):
         if parse_problem(problem) is None:

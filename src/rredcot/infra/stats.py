@@ -141,7 +141,7 @@ def seed_sd(arm: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
     """The spread of a paired difference of [seeds, problems] scores: the sd over seeds of each seed's
     mean difference, and the sd over problems of the differences within a seed (root mean of the
     seeds' variances). Their squares over the counts make the variance of the mean difference
-    (docs/METHOD-NOTES.md, "A powered testbed")."""
+    (docs/testbed.md, "The powered recipe")."""
     diff = np.asarray(arm, dtype=np.float64) - np.asarray(reference, dtype=np.float64)
     between = float(diff.mean(axis=1).std(ddof=1)) if diff.shape[0] > 1 else math.nan
     within = float(np.sqrt(diff.var(axis=1, ddof=1).mean())) if diff.shape[1] > 1 else math.nan

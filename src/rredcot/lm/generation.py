@@ -102,8 +102,8 @@ class Generator(ABC):
         # One random stream per (prompt, sample), in both backends: a sample does not depend on which
         # other rows share its batch, and two models evaluated with the same seed draw the same noise
         # for the same row, so the difference of their accuracies is measured with common random
-        # numbers (where the models agree, their samples agree; docs/METHOD-NOTES.md, "Paired
-        # arms"). No global random state is read or changed, so a probe during training leaves the
+        # numbers (where the models agree, their samples agree; docs/testbed.md, "Paired
+        # methods"). No global random state is read or changed, so a probe during training leaves the
         # trainer's sampling as it was.
         flat = [(i, j) for i in range(len(prompts)) for j in range(n)]
         out = self.sample(

@@ -22,7 +22,7 @@ Weights: vLLM's CPU backend packs the weights of its linear layers into oneDNN k
 a model and drops the parameters, so ``load_weights`` (TRL's colocated weight sync) cannot reach
 them. :func:`load_weights` uses vLLM's own layerwise reload instead, which loads checkpoint-format
 tensors and packs them again, and repacks a language-model head tied to the embedding, which the
-reload does not visit (docs/DISTRIBUTED.md, "vLLM").
+reload does not visit (docs/vllm.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Pure-torch core of RREDCoT credit assignment (docs/METHOD-NOTES.md): values, segment rewards and
+"""Pure-torch core of RREDCoT credit assignment (docs/method.md): values, segment rewards and
 the token coefficient σ (the credit methods that combine them: ``rredcot.method.registry``).
 
 The pipeline for one trace is::
 
     token texts + token entropies --piece_starts / merge_pieces--> segments
     segments --exit_cuts--> exit points --(teacher forcing, scoring/)--> log p(u|s), log p(y|u,s)
-    --pr_log_value--> log v̂ per exit point --segment_rewards--> r̂_k --token_multiplier--> σ_t · |o|
+    --pr_log_value--> log v̂ per exit point --segment_rewards--> r̂_k --token_multiplier--> σ·|o|
 
 Exit-point convention
 ---------------------
@@ -115,7 +115,7 @@ def value_rewards(log_values: Tensor, space: str, answer_log_ratio: float | None
     is; every halving of the value weighs the same wherever it happens, so an estimate that keeps
     falling after the step that went wrong (a reference solution scored against a trace that
     copies every later wrong value) spreads the blame past that step
-    (docs/METHOD-NOTES.md, "Value differences: linear or log").
+    (docs/method.md, "Value differences").
     """
     if space not in VALUE_SPACES:
         raise ValueError(f"value space must be one of {VALUE_SPACES}, got {space!r}")
@@ -148,7 +148,8 @@ def token_multiplier(
     mix: float,
     token_weights: Tensor | None = None,
 ) -> Tensor:
-    """Per-token factor ``σ_t · |o|`` for one trace (float32; 0 on padding, where segment id is -1).
+    """Per-token factor ``σ·|o|`` (σ_t times the trace length |o|) for one trace (float32; 0 on
+    padding, where segment id is -1).
 
     A trainer multiplies the trace's advantage by it. Segment weights follow the sign of the
     outcome: ``g_k = max(r̂_k, 0)`` for a positive advantage, ``max(-r̂_k, 0)`` for a negative one,
@@ -289,7 +290,7 @@ def mc_log_values(outcome_sums: Tensor | list[float], samples: int) -> Tensor:
 
 @torch.no_grad()
 def entropy_multiplier(entropies: Tensor, mix: float) -> Tensor:
-    """``σ_t · |o|`` of entropy weighting: ``σ_t = (1 - mix)/|o| + mix · H_t / Σ_s H_s`` (float32).
+    """``σ·|o|`` of entropy weighting: ``σ_t = (1 - mix)/|o| + mix · H_t / Σ_s H_s`` (float32).
 
     **[decision]** The method multiplies the step advantage per token by "a normalised function of the
     entropy" without fixing it; normalising by the trace's total entropy keeps Σσ = 1, so the method

@@ -1,4 +1,4 @@
-"""The registries of reward sources and credit methods (docs/METHOD-NOTES.md, "Adding a credit method").
+"""The registries of reward sources and credit methods (docs/library.md, "Adding a credit method").
 
 A credit method spreads a trace's advantage over its tokens. It is two choices:
 
@@ -192,7 +192,7 @@ class CreditMethod:
         segment_rewards: Tensor | None = None,
         entropies: Tensor | None = None,
     ) -> Tensor:
-        """``σ_t · |o|`` (float32, length ``n_tokens``) of one trace; exactly 1.0 for uniform."""
+        """``σ·|o|`` (float32, length ``n_tokens``) of one trace; exactly 1.0 for uniform."""
         if self.uniform or n_tokens == 0:
             return torch.ones(n_tokens, dtype=torch.float32)
         if entropies is not None and torch.as_tensor(entropies).numel() != n_tokens:
@@ -240,7 +240,7 @@ def credit_multiplier(
     segment_rewards: Tensor | None = None,
     entropies: Tensor | None = None,
 ) -> Tensor:
-    """``σ_t · |o|`` (float32, length ``n_tokens``) of one trace under the named credit method
+    """``σ·|o|`` (float32, length ``n_tokens``) of one trace under the named credit method
     (:meth:`CreditMethod.multiplier`): methods with segment rewards need ``segment_ids`` and
     ``segment_rewards``, entropy-weighted ones ``entropies`` (bits, one per token)."""
     return credit_method(method).multiplier(n_tokens, advantage, mix, segment_ids, segment_rewards, entropies)

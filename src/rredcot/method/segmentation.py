@@ -1,4 +1,4 @@
-"""Hybrid keyword-entropy segmentation of a trace (docs/METHOD-NOTES.md, notes 1-5).
+"""Hybrid keyword-entropy segmentation of a trace (docs/method.md, "From a trace to σ").
 
     token texts --piece_starts--> pieces (cut at newlines and sentence-initial keywords)
     pieces --enforce_min_length--> groups of pieces, each at least ``min_segment_tokens`` long
@@ -55,7 +55,8 @@ _HOMOGENIZE_RTOL = 1e-12
 
 @dataclass
 class SegmentationConfig:
-    """How ``segment_trace`` cuts a trace into K segments (K+1 exit points), docs/METHOD-NOTES.md, notes 1-5.
+    """How ``segment_trace`` cuts a trace into K segments (K+1 exit points); docs/method.md, "From a
+    trace to σ".
 
     The defaults reproduce the method's decisions; validation happens on construction so a bad value
     fails before any training step, with a message naming the field.
@@ -83,7 +84,7 @@ class SegmentationConfig:
 
     homogenize: bool = True
     """After merging, shift boundaries to neighbouring piece starts while that lowers the variance of the
-    segment entropies (docs/METHOD-NOTES.md, note 4)."""
+    segment entropies (docs/method.md, "From a trace to σ")."""
 
     def __post_init__(self) -> None:
         if isinstance(self.keywords, str) or not all(isinstance(k, str) and k for k in self.keywords):
@@ -169,7 +170,8 @@ def merge_pieces(piece_entropies: Sequence[float] | Tensor, n_segments: int) -> 
 def enforce_min_length(
     piece_entropies: Sequence[float] | Tensor, piece_lengths: Sequence[int], min_tokens: int
 ) -> list[list[int]]:
-    """Group pieces so that every group has at least ``min_tokens`` tokens (docs/METHOD-NOTES.md, note 2).
+    """Group pieces so that every group has at least ``min_tokens`` tokens (docs/method.md, "From a
+    trace to σ").
 
     The leftmost too-short group is merged into the neighbour that gives the lower combined entropy
     (ties: left), repeatedly, so short fragments join the more predictable side and keep the uncertain

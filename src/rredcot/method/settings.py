@@ -1,6 +1,7 @@
-"""The settings of credit assignment: what every arm of an experiment shares (``CreditSettings``,
-the workflow's ``credit`` section) and one arm's full configuration (``CreditConfig``: a registered
-credit method, the shared settings and the text around an exit point). Each default is written here
+"""The settings of credit assignment: what every training method of an experiment shares
+(``CreditSettings``, the workflow's ``credit`` section) and one method's full configuration
+(``CreditConfig``: a registered credit method, the shared settings and the text around an exit
+point). Each default is written here
 once; the workflow's config tree embeds these classes.
 """
 
@@ -32,8 +33,8 @@ class MonteCarloSettings:
     batch_size: int = 64
     """Rollouts generated together in one batch (their KV cache is batch_size x (prompt + trace +
     max_new_tokens) tokens). Batches hold prefixes of similar length; on a CPU small batches waste
-    less on rows that finished early (1,536 rollouts of the default model, one thread: 6.7 s in
-    batches of 64, 8.7 s of 256, 40.7 s in one), on a GPU larger ones fill the device."""
+    less on rows that finished early, so 64 is quicker there than larger batches
+    (docs/results.md#credit-cost-on-a-cpu); on a GPU larger ones fill the device."""
 
     def __post_init__(self) -> None:
         if self.samples < 1 or self.batch_size < 1:
@@ -44,11 +45,12 @@ class MonteCarloSettings:
 
 @dataclass
 class CreditSettings:
-    """How credit is computed, whatever the method: the settings every arm of an experiment shares
-    (the workflow's ``credit`` section has exactly these keys)."""
+    """How credit is computed, whatever the method: the settings every training method of an
+    experiment shares (the workflow's ``credit`` section has exactly these keys)."""
 
     mix: float = field(default=0.5, metadata={"minimum": 0.0, "maximum": 1.0})  # checked at config load
-    """σ = (1-mix)/|o| + mix · (the method's share); 0 gives uniform credit."""
+    """σ_t = (1-mix)/|o| + mix · (the method's share of token t); 0 gives uniform credit (σ·|o| = 1
+    for every token)."""
     segmentation: S.SegmentationConfig = field(default_factory=S.SegmentationConfig)
     """Keyword/newline pieces, target number of segments, minimum length, homogenize."""
     group_pairs: bool = False
@@ -56,7 +58,8 @@ class CreditSettings:
     proposal: Literal["uniform", "given"] = "uniform"
     """``uniform`` (q_i = 1/N) or ``given``: the dataset pair's log q from the ``reference_log_q`` column."""
     value_model: Literal["policy", "reference"] = "policy"
-    """``policy`` (the model that generated the batch) or ``reference`` (a frozen model of the start)."""
+    """``policy`` (the model that generated the batch) or ``reference`` (a frozen copy of the model
+    RL starts from: the SFT model, or the pretrained one)."""
     scorer: Literal["single_pass", "naive"] = "single_pass"
     """``single_pass`` (shared prefix, tree mask) or ``naive`` (one sequence per exit point)."""
     answer_baseline: Literal["greedy", "reference"] = "greedy"
@@ -64,18 +67,17 @@ class CreditSettings:
     (the solution the value model itself would write there, decoded greedily) or ``reference`` (the
     reference solution, no decoding). See ``answer_baseline.py``."""
     value_space: Literal["linear", "log"] = "linear"
-    """How a segment's reward is read off the values at its two exit points, for RREDCoT and Monte
-    Carlo credit alike: ``linear``, the change of value (expected utility) across it, as the
-    redistribution theory has it; ``log``, the change of log value. On the synthetic task a wrong
-    trace's culprit step got the largest blame in 94% of the traces with ``linear`` and in 54% with
-    ``log`` (docs/METHOD-NOTES.md, "Value differences: linear or log")."""
+    """How a segment's reward is read off the values at its two exit points, for RREDCoT, Monte Carlo
+    and exact-values credit alike: ``linear``, the change of value (expected utility) across it, as the
+    redistribution theory has it; ``log``, the change of log value. On the synthetic task
+    ``linear`` gives a wrong trace's first wrong step the largest blame far more often than ``log``
+    (docs/method.md, "Value differences")."""
     precision: Literal["autocast", "float32"] = "autocast"
     """Precision of the credit passes: ``autocast``, the training run's own (bf16 autocast in the
-    paper recipes; float32 in the embedded default); ``float32``, autocast off, so that the passes
-    run in the float32 master weights. On the embedded default's SFT model, 200 sampled traces, bf16
-    changed σ·|o| by up to 0.18 (95th percentile 0.07) and kept the most-blamed segment of 99% of
-    them; float32 is exact and, on a GPU, costs several times bf16 (docs/DISTRIBUTED.md,
-    "Precision")."""
+    paper recipes; float32 in the default config); ``float32``, autocast off, so that the passes
+    run in the float32 master weights. bf16 moves σ·|o| (σ_t times the trace length) a little and
+    almost never changes which segment is blamed most; float32 is exact and, on a GPU, costs
+    several times bf16 (docs/distributed.md, "Precision")."""
     budget: ScoringBudget = field(default_factory=ScoringBudget)
     """Memory bounds of the scoring passes."""
     mc: MonteCarloSettings = field(default_factory=MonteCarloSettings)
@@ -128,7 +130,7 @@ class CreditConfig(CreditSettings):
 
     method: str = "rredcot"
     """A registered credit method (``rredcot.method.registry.CREDIT_METHODS``): ``uniform``,
-    ``rredcot``, ``entropy``, ``rredcot+entropy``, ``oracle``, ``mc``."""
+    ``rredcot``, ``entropy``, ``rredcot+entropy``, ``oracle``, ``exact``, ``mc``."""
     exit_string: str = DEFAULT_EXIT_STRING
     """Text that closes the thinking block at an exit point."""
     answer_prefix: str = DEFAULT_ANSWER_PREFIX

@@ -4,7 +4,7 @@ Each config section is a dataclass; the sections that configure the method itsel
 own classes (``CreditSettings``, ``SegmentationConfig``, ``ScoringBudget`` from ``rredcot.method``,
 ``TaskConfig`` and ``CleanSettings`` from ``rredcot.data``), so a library user and the workflow read
 the same defaults. Everything else derives from this tree: validation (:func:`load_config`), the
-JSON schema (``src/rredcot/schemas/config.schema.yaml``), the embedded default ``config/config.yaml``
+JSON schema (``src/rredcot/schemas/config.schema.yaml``), the default config ``config/config.yaml``
 and ``config/README.md`` (both written by ``rredcot config``, and checked by a test to be current).
 
 Configs are layered: later files override earlier ones key by key, and the defaults sit under all
@@ -58,9 +58,9 @@ class Threads:
 
     sft: int = field(default=2, metadata=at_least(1))
     """SFT job (the first long job, nothing runs beside it: it takes both cores of a 2-core machine).
-    Another count rounds differently, so only the same count reproduces a run bit for bit; the
-    default SFT converged for sft.seed 0, 1 and 2 on one thread and on two (docs/METHOD-NOTES.md,
-    "SFT convergence")."""
+    The thread count does not change the SFT model (one thread and two give byte-identical
+    models); what changes results between machines is the CPU instruction set, AVX-512 or AVX2
+    (docs/testbed.md, "Running it in both CPU instruction sets")."""
     train: int = field(default=1, metadata=at_least(1))
     """Each training process (RL jobs run two at a time with --cores 2)."""
     eval: int = field(default=1, metadata=at_least(1))
@@ -69,22 +69,25 @@ class Threads:
 
 @dataclass
 class Arm:
-    """One training arm: a credit method under a TRL loss type."""
+    """One training method (an "arm", the config's word: the key ``arms``): a credit method under a
+    TRL loss type. Runs of one seed differ only in it."""
 
     credit: str = field(metadata={"enum": tuple(CREDIT_METHODS)})
-    """How the sequence advantage is spread over tokens: uniform (stock GRPO, 1/|o|), rredcot (segment
-    rewards from exit-point values), entropy (token-entropy weighting), rredcot+entropy (segment shares
-    spread over tokens by entropy), oracle (synthetic task only: a wrong trace's blame on the segment
-    where it first goes wrong, the ceiling of segment-level blame), mc (Monte Carlo values at the same
-    exit points from policy rollouts, VinePPO-style: the unbiased, expensive reference), exact
-    (synthetic task only: values the task computes at the same exit points for a policy slipping at its
-    measured step-error rate, noise-free credit of right and wrong traces: the ceiling of credit)."""
+    """How the sequence advantage is spread over tokens (the share σ_t of token t, Σ_t σ_t = 1):
+    uniform (stock GRPO, σ_t = 1/|o|), rredcot (segment rewards from exit-point values), entropy
+    (token-entropy weighting), rredcot+entropy (segment shares spread over tokens by entropy), oracle
+    (synthetic task only: a wrong trace's blame on the segment of its first wrong step, the ceiling of
+    segment-level blame), mc (Monte Carlo values at the same exit points from policy rollouts,
+    VinePPO-style: the unbiased, expensive reference), exact (synthetic task only: the exact value of
+    each prefix at the same exit points, which the task computes for a policy slipping at its
+    measured step-error rate: noise-free credit of right and wrong traces, the check of whether the
+    task can judge credit at all). docs/method.md, "Credit methods"."""
     loss_type: LossType = "grpo"
     """TRL loss normaliser; grpo is the sequence mean (σ = 1/|o|)."""
     label: str | None = None
-    """Column name in tables and figures (default: the arm's name)."""
+    """Column name in tables and figures (default: the method's name under arms)."""
     credit_options: dict[str, Any] = field(default_factory=dict)
-    """This arm's overrides of the credit section (same keys, e.g. {mix: 0.8})."""
+    """This method's overrides of the credit section (same keys, e.g. {mix: 0.8})."""
     top_entropy_quantile: float = field(default=1.0, metadata=within(0.0, 1.0))
     """TRL's high-entropy token mask: only this top fraction of each batch's completion tokens, by the
     policy's entropy, carry the policy loss (0.2: the "80/20" result of Wang et al., 2025); 1.0 keeps
@@ -102,8 +105,9 @@ def _default_arms() -> dict[str, Arm]:
         "bnpo": Arm("uniform", "bnpo", "BNPO"),
         "dr_grpo": Arm("uniform", "dr_grpo", "Dr.GRPO"),
         "dapo": Arm("uniform", "dapo", "DAPO"),
-        # The ceilings of segment-level blame and of credit on the synthetic task, the Monte Carlo
-        # reference, and TRL's high-entropy token mask.
+        # On the synthetic task only: perfect blame of the first wrong step's segment (the ceiling of
+        # segment-level blame) and the exact values of each prefix (noise-free credit); then the
+        # Monte Carlo reference and TRL's high-entropy token mask.
         "oracle": Arm("oracle", "grpo", "Oracle"),
         "exact": Arm("exact", "grpo", "Exact values"),
         "mc": Arm("mc", "grpo", "MC"),
@@ -163,7 +167,7 @@ class Prompt:
     """Text that closes the thinking block at an exit point (R1-style models use "\\n</think>\\n\\n").
     Evaluation reads the answer after it (in the whole completion when it is absent)."""
     answer_prefix: str = DEFAULT_ANSWER_PREFIX
-    """Text between the solution and the answer. Not blank where an arm scores exit values with the
+    """Text between the solution and the answer. Not blank where a method scores exit values with the
     greedy answer baseline (credit.answer_baseline): it tells where a decoded solution ends."""
     answer_suffix: str = DEFAULT_ANSWER_SUFFIX
     """Text after the answer."""
@@ -191,7 +195,7 @@ class Model:
     task to become one token: at 320 the merges stop before "Next", "Then", "Now" and "So", which
     stay letter by letter, and the distance from a thinking line's "=" back to the value it starts
     from then varies with the keyword, which the default model learns far less reliably
-    (docs/METHOD-NOTES.md, "SFT convergence")."""
+    (docs/testbed.md, "The SFT model")."""
     hidden_size: int = field(default=96, metadata=at_least(8))
     """Hidden size (kind scratch)."""
     num_layers: int = field(default=3, metadata=at_least(1))
@@ -202,9 +206,9 @@ class Model:
     """Key/value heads (kind scratch; must divide num_heads)."""
     intermediate_size: int = field(default=384, metadata=at_least(8))
     """MLP width (kind scratch). The default model holds the task's arithmetic tables in its MLPs. At
-    sft.learning_rate 5e-4 and sft.adam_beta2 0.99 SFT converges at 384 for every (sft.seed,
-    threads.sft) pair tried; a step at 384 costs about 35% less than at 768, which the time budget
-    needs (docs/METHOD-NOTES.md, "SFT convergence")."""
+    sft.learning_rate 5e-4 and sft.adam_beta2 0.99 SFT converges at 384 for every sft.seed tried,
+    and a step costs markedly less than at twice the width, which keeps the default run short
+    (docs/testbed.md, "The SFT model")."""
     max_position_embeddings: int = field(default=512, metadata=at_least(32))
     """Longest sequence (kind scratch)."""
 
@@ -223,47 +227,44 @@ class Sft:
 
     enabled: bool = True
     """Warm up with SFT before RL. false: RL starts from model.name_or_path as it is (a pretrained
-    reasoning model), which is also the "base" arm of the table."""
+    reasoning model), which is also the "base" row of the table."""
     epochs: float = field(default=35.0, metadata=at_least(0, exclusive=True))
     """Passes over the SFT split."""
     batch_size: int = field(default=32, metadata=at_least(1))
     """Examples per optimizer step."""
     learning_rate: float = field(default=5e-4, metadata=at_least(0, exclusive=True))
-    """Peak learning rate (cosine schedule). At 1e-3 the synthetic task's SFT converged for some
-    sft.seed values and not others, and in a GPU sweep higher rates converged for none; at 5e-4 it
-    converged for every seed tried, and faster (docs/METHOD-NOTES.md, "SFT convergence")."""
+    """Peak learning rate (cosine schedule). Higher rates leave the synthetic task's SFT unconverged
+    for some sft.seed values; 5e-4 converges for every seed tried (docs/testbed.md, "The SFT model")."""
     warmup_steps: int = field(default=100, metadata=at_least(0))
     """Linear warm-up steps."""
     weight_decay: float = field(default=0.0, metadata=at_least(0))
     """AdamW weight decay."""
     adam_beta2: float = field(default=0.99, metadata=within(0, 0.9999, exclusive_minimum=True))
-    """AdamW's second-moment decay (below 1). At 0.999 (TRL's default) the default model's SFT
-    missed a late skill in 1 of 6 (sft.seed, threads.sft) pairs (copying the fifth operand of
-    level-5 problems); at 0.99 the arithmetic arrived sooner in a GPU sweep and every pair converged
-    (docs/METHOD-NOTES.md, "SFT convergence")."""
+    """AdamW's second-moment decay (below 1). At TRL's default 0.999 the default model's SFT can miss
+    a late skill (copying the fifth operand of level-5 problems); at 0.99 the arithmetic is learnt
+    sooner and SFT converges for every sft.seed tried (docs/testbed.md, "The SFT model")."""
     max_length: int = field(default=256, metadata=at_least(16))
     """Longest prompt plus completion (tokens)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of keeping them: less memory for long
     sequences on large models, about a third more compute (TRL's SFTConfig turns it on unless told
-    otherwise; off, the default model's SFT takes 15% less time)."""
+    otherwise; off here, since the default model fits in memory and its SFT runs faster without)."""
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3"] | None = None
     """Attention kernel of SFT (transformers' ``attn_implementation``; later stages load the model
     with transformers' own choice). null: eager for model.kind scratch, transformers' choice (sdpa)
-    for pretrained. On a 2-core CPU the default's whole SFT took 497-509 s in eager and 576-583 s in
-    sdpa (two runs each), though windows of a few hundred steps cost the same in both
-    (scripts/sft-attention.py). RL gains nothing: its steps are mostly generation
-    (docs/METHOD-NOTES.md, "The default's time budget"). Long sequences need sdpa or flash
+    for pretrained. On a CPU the default model's SFT is faster in eager than in sdpa
+    (scripts/sft-attention.py compares them; docs/results.md#time-of-make-run-from-a-fresh-clone);
+    RL would gain nothing, its steps being mostly generation. Long sequences need sdpa or flash
     attention: eager holds every attention matrix in memory."""
     group_by_length: bool = True
     """Batch examples of similar length together (transformers' length-grouped sampler), so that
-    less of each batch is padding: on the synthetic task an epoch takes about 60% of the time, which
-    buys the extra epochs the default needs to converge."""
+    less of each batch is padding: on the synthetic task an epoch then takes markedly less time,
+    which pays for the epochs the default needs to converge."""
     seed: int = field(default=0, metadata=at_least(0))
     """Seed of initialisation and data order."""
     save_every: int = field(default=100, metadata=at_least(0))
     """Checkpoint every this many optimizer steps into <results_dir>/checkpoints/sft, so that a killed
-    job resumes there (docs/RESUME.md); 0 = no checkpoints."""
+    job resumes there (docs/resume.md); 0 = no checkpoints."""
     resume: bool = True
     """Resume from the last checkpoint of an earlier attempt; false = discard it, start over."""
 
@@ -294,7 +295,7 @@ class VllmServer:
 
 @dataclass
 class Distributed:
-    """How SFT and train jobs are launched (docs/DISTRIBUTED.md). One process by default; with an
+    """How SFT and train jobs are launched (docs/distributed.md). One process by default; with an
     accelerate config, `accelerate launch` starts one process per GPU the job was given."""
 
     accelerate_config: str | None = None
@@ -341,8 +342,7 @@ class RlGpu:
     vllm_mode: Literal["colocate", "server"] = "colocate"
     """colocate: an engine in each training process, sharing its GPU (or CPU); server: a `trl
     vllm-serve` process that the job starts on GPUs of its own (distributed.vllm_server). TRL pushes
-    the policy's weights to a server over NCCL, so server mode needs CUDA (docs/DISTRIBUTED.md,
-    "vLLM")."""
+    the policy's weights to a server over NCCL, so server mode needs CUDA (docs/vllm.md)."""
     vllm_gpu_memory_utilization: float = field(default=0.3, metadata=within(0, 1, exclusive_minimum=True))
     """Share of GPU memory vLLM may take in colocate mode."""
     gradient_checkpointing: bool = False
@@ -351,12 +351,12 @@ class RlGpu:
 
 @dataclass
 class Rl:
-    """GRPO settings shared by every arm, so that only the credit method differs."""
+    """GRPO settings shared by every method, so that only the credit method differs."""
 
     max_steps: int = field(default=20, metadata=at_least(1))
-    """Optimizer steps. On the default, perfect blame pulls ahead of GRPO early and GRPO narrows the
-    gap later: after 20 steps the oracle leads by +0.021 in sampled accuracy, after 40 (from an
-    SFT model of MLP 768) by +0.019 (docs/METHOD-NOTES.md, "Does credit matter on the default?")."""
+    """Optimizer steps. 20 keep the default a quick run (20 x 8 = 160 prompts of the RL split); the
+    recipe that decides whether credit matters trains 40 (config/testbed.yaml; docs/testbed.md,
+    "The powered recipe")."""
     learning_rate: float = field(default=1e-4, metadata=at_least(0, exclusive=True))
     """Peak learning rate."""
     prompts_per_step: int = field(default=8, metadata=at_least(1))
@@ -368,11 +368,11 @@ class Rl:
     temperature: float = field(default=1.0, metadata=at_least(0, exclusive=True))
     """Sampling temperature of the completions."""
     paired_sampling: bool = True
-    """Arms of one seed draw their completions with common random numbers: each step's generation
-    batch is sampled from a random stream of its own, seeded by (seed, step, batch of the step,
-    process), so the arms
-    sample the same completions wherever their policies agree, and their difference is not drowned
-    by which completions each happened to draw (docs/METHOD-NOTES.md, "Paired arms"). false: TRL's
+    """The methods of one seed draw their completions with common random numbers: each step's
+    generation batch is sampled from a random stream of its own, seeded by (seed, step, batch of the
+    step, process), so the methods sample the same completions wherever their policies agree, and
+    their difference is not drowned by which completions each happened to draw (docs/testbed.md,
+    "Paired methods"). false: TRL's
     own stream, which after the first step depends on everything drawn before. Generation with
     vLLM is seeded by TRL either way."""
     beta: float = field(default=0.0, metadata=at_least(0))
@@ -388,7 +388,7 @@ class Rl:
     """Held-out problems of the probe."""
     save_every: int = field(default=5, metadata=at_least(0))
     """Checkpoint every this many steps into <results_dir>/checkpoints/train/<arm>/seed<seed>, so that
-    a killed job resumes there (docs/RESUME.md); 0 = no checkpoints. MLflow receives a step's
+    a killed job resumes there (docs/resume.md); 0 = no checkpoints. MLflow receives a step's
     metrics once the checkpoint that covers it is saved."""
     resume: bool = True
     """Resume from the last checkpoint of an earlier attempt; false = discard it, start over."""
@@ -400,7 +400,7 @@ class Rl:
     """Completions per process in one forward/backward pass (TRL's per_device_train_batch_size); null
     = all of a process's share of prompts_per_step x num_generations at once. Gradient accumulation
     is derived: prompts_per_step x num_generations = micro_batch_size x processes x accumulation
-    steps, which must come out whole (docs/DISTRIBUTED.md, memory plan)."""
+    steps, which must come out whole (docs/distributed.md, "Memory")."""
     probe: Probe = field(default_factory=Probe)
     """The learning-curve probe."""
     gpu: RlGpu = field(default_factory=RlGpu)
@@ -425,7 +425,7 @@ class EvalVllm:
 
 @dataclass
 class Eval:
-    """Held-out evaluation, identical for every arm."""
+    """Held-out evaluation, identical for every method."""
 
     n_samples: int = field(default=4, metadata=at_least(1))
     """k of avg@k and pass@k."""
@@ -502,7 +502,7 @@ class Prm:
 
 @dataclass
 class Studies:
-    """The paper's analyses (Figures 3-7) on traces of the start model: Monte Carlo values at the exit
+    """The paper's analyses (Figures 3-7) on traces of the SFT model: Monte Carlo values at the exit
     points, their truncation and variance, attribution methods and a process reward model."""
 
     n_traces: int = field(default=96, metadata=at_least(2))
@@ -510,8 +510,8 @@ class Studies:
     drawn again, each draw sampling a trace of its own."""
     localisation_traces: int = field(default=400, metadata=at_least(2))
     """Traces of the blame-localisation study (synthetic task only), a set of their own: it needs no
-    rollouts, so it can afford enough wrong traces for a tight interval (the default's 400 held-out
-    problems give about 150 thinking culprits; the 96 analysis traces gave 32)."""
+    rollouts, so it can afford enough wrong traces for a tight interval: by default one trace of each
+    of the 400 held-out problems, where the other studies analyse studies.n_traces."""
     seed: int = field(default=0, metadata=at_least(0))
     """Seed of trace sampling, rollouts and bootstraps."""
     temperature: float = field(default=1.0, metadata=at_least(0, exclusive=True))
@@ -534,7 +534,7 @@ class Studies:
 
 
 def _paper_values() -> dict[str, dict[str, float]]:
-    # The paper's quoted Table 2 values (secondary copies, docs/PAPER.md).
+    # The paper's quoted Table 2 values (secondary copies, docs/paper.md).
     return {
         "MATH-500": {"open_rs": 0.848, "rredcot_nano": 0.858},
         "AMC 2023": {"open_rs": 0.725, "rredcot_nano": 0.8},
@@ -543,9 +543,10 @@ def _paper_values() -> dict[str, dict[str, float]]:
 
 @dataclass
 class Tracking:
-    """How jobs reach the MLflow store. A job logs to its journal under <results_dir>/journal first
-    and a thread delivers it whenever the store answers, so a store that is down never costs the job
-    (docs/SLURM.md, "Tracking outage"). Neither setting changes what a job computes."""
+    """How jobs reach the MLflow store. A job logs to the local tracking queue (its journal, under
+    <results_dir>/journal) first and a thread delivers it whenever the store answers, so a store that
+    is down never costs the job (docs/tracking.md, "Tracking outage"). Neither setting changes what a
+    job computes."""
 
     flush_timeout_s: float = field(default=60.0, metadata=at_least(0))
     """At the end of a job, wait at most this many seconds for the store to take what the job logged;
@@ -560,18 +561,18 @@ class Report:
     """The comparison tables and figures."""
 
     table: str = "table1.csv"
-    """File name of the comparison table (every arm) under results_dir."""
+    """File name of the comparison table (every method) under results_dir."""
     table2_arms: list[str] = field(default_factory=lambda: ["grpo", "rredcot"])
-    """The GRPO-trained and the RREDCoT-trained arm of table2.csv (Nano-style comparison)."""
+    """The GRPO-trained and the RREDCoT-trained method of table2.csv (Nano-style comparison)."""
     table2_metric: str | None = None
     """Metric of table2.csv (null = avg@k with k = eval.n_samples)."""
     reference: dict[str, dict[str, float]] = field(default_factory=_paper_values)
     """The paper's quoted values for table2.csv, benchmark -> {column: value}; shown in separate
     paper_<column> columns, never mixed with measured ones."""
     pairs: list[list[str]] = field(default_factory=lambda: [["rredcot", "mc"]])
-    """Pairs [arm, reference] that paired.csv and compute.csv compare beside every arm against the
-    run's first arm. The default asks whether RREDCoT matches Monte Carlo credit at a fraction of its
-    cost. A pair with an arm the run does not train is skipped."""
+    """Pairs [method, reference] (names under arms) that paired.csv and compute.csv compare, beside
+    every method against the run's first method. The default asks whether RREDCoT matches Monte Carlo
+    credit at a fraction of its cost. A pair with a method the run does not train is skipped."""
 
     def __post_init__(self) -> None:
         if len(self.table2_arms) != 2:
@@ -586,32 +587,33 @@ class Report:
 @dataclass
 class ExperimentConfig:
     """rredcot workflow configuration. One file selects models, data and budgets for every stage;
-    config/config.yaml is the embedded default (2-core CPU, no downloads). Unknown keys are errors."""
+    config/config.yaml is the default config (2-core CPU, no downloads). Unknown keys are errors."""
 
     experiment: str = field(default="rredcot-default", metadata=not_blank())
     """MLflow experiment name; every job of the workflow logs one run into it."""
     results_dir: str = field(default="results", metadata=not_blank())
     """Folder for all outputs (data, models, tables, figures, logs, the sqlite MLflow store)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3], metadata=not_empty(unique=True))
-    """RL seeds; every arm is trained once per seed. Four: on the default the oracle beats GRPO by
-    +0.019 [+0.004, +0.034] with paired sampling, and in a six-seed run from the former SFT start
-    every one of the 15 subsets of four seeds resolved it (docs/METHOD-NOTES.md, "Does credit
-    matter on the default?"). More seeds narrow the intervals; each costs about 3 minutes of a
-    2-core machine."""
+    """RL seeds; every method is trained once per seed. Four make the default a quick run, not a
+    verdict: telling apart methods whose accuracy differs by about 0.02 takes the 20 seeds and 40
+    steps of config/testbed.yaml (docs/testbed.md, "The powered recipe"). More seeds narrow the
+    intervals; each adds one training job per method."""
     threads: Threads = field(default_factory=Threads)
     """Torch CPU threads per job."""
     arms: dict[str, Arm] = field(default_factory=_default_arms)
-    """Training arms, by name (letters, digits, '_' and '-'). Each is one credit method and one TRL
-    loss type."""
+    """Training methods ("arms"), by name (letters, digits, '_' and '-'). Each is one credit method
+    and one TRL loss type."""
     run_arms: list[str] | None = field(
         default_factory=lambda: ["grpo", "rredcot", "oracle"], metadata=not_empty(unique=True)
     )
-    """The arms this run trains and tabulates, in table order (null: every arm under arms). A recipe
-    file cannot delete the default arms (config files merge), so it names its arms here. The default
-    runs the arms that answer whether credit helps and whether the testbed can tell, as the powered
-    testbed does: GRPO, RREDCoT and the oracle ceiling. The Monte Carlo arm trains at about 2.3x the
-    cost of a GRPO job, so it runs with every other arm in config/baselines.yaml; the Monte Carlo
-    studies measure its values without it (docs/METHOD-NOTES.md, "The default's time budget")."""
+    """The methods this run trains and tabulates, in table order (null: every method under arms). A
+    recipe file cannot delete the default methods (config files merge), so it names its own here.
+    The default trains GRPO, RREDCoT and the oracle (perfect blame on the first wrong step's
+    segment: the ceiling of segment-level blame), a quick look at whether credit helps. Whether the
+    task can judge credit at all is decided by the exact-values method in config/testbed.yaml, not
+    by the oracle (docs/testbed.md, "The powered recipe"). Monte Carlo credit costs more than twice a
+    GRPO job (docs/results.md#time-of-the-recipe), so it trains in config/baselines.yaml and
+    config/testbed.yaml; the Monte Carlo studies measure its values without training it."""
     data: Data = field(default_factory=Data)
     """Where the problems come from."""
     clean: CleanSettings = field(default_factory=CleanSettings)
@@ -625,9 +627,10 @@ class ExperimentConfig:
     distributed: Distributed = field(default_factory=Distributed)
     """How SFT and train jobs are launched."""
     rl: Rl = field(default_factory=Rl)
-    """GRPO settings shared by every arm."""
+    """GRPO settings shared by every method."""
     credit: CreditSettings = field(default_factory=CreditSettings)
-    """Credit-assignment settings shared by every arm (an arm may override them in credit_options)."""
+    """Credit-assignment settings shared by every method (a method may override them in
+    arms.<name>.credit_options)."""
     eval: Eval = field(default_factory=Eval)
     """Held-out evaluation."""
     vllm_cpu: VllmCpu = field(default_factory=VllmCpu)
@@ -731,7 +734,7 @@ deep_merge = _merge
 
 
 def defaults() -> dict[str, Any]:
-    """Every setting at its default: the embedded default experiment."""
+    """Every setting at its default: the default config (config/config.yaml)."""
     return to_dict(ExperimentConfig())
 
 

@@ -10,9 +10,9 @@ A stage's reads come in two kinds:
   interval, ports, where MLflow logs). Changing them reruns nothing.
 
 A key names a whole subtree (``"credit"``) or one setting (``"prompt.exit_string"``); a ``runs``
-key inside a ``computes`` subtree is taken out of it. ``{arm}`` stands for the job's arm. A stage
-whose jobs come in variants (the two trace sets of ``study_traces``) lists what only one variant
-computes under ``variants``.
+key inside a ``computes`` subtree is taken out of it. ``{arm}`` stands for the job's training method
+(its name under ``arms``). A stage whose jobs come in variants (the two trace sets of
+``study_traces``) lists what only one variant computes under ``variants``.
 
 The lists are enforced, not just documented: :func:`stage_config` gives a stage the config with
 only its declared keys, and reading any other setting raises :class:`UndeclaredSetting`, naming the
@@ -52,9 +52,9 @@ class StageReads:
     variants: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-# The settings of the credit section that the job's arm reads: those its credit method depends on
-# (CreditSettings.read_by), so that a change to, say, the Monte Carlo rollouts reruns the MC arm
-# and not the GRPO baseline.
+# The settings of the credit section that the job's training method reads: those its credit method
+# depends on (CreditSettings.read_by), so that a change to, say, the Monte Carlo rollouts reruns the
+# Monte Carlo method and not the GRPO baseline.
 CREDIT_OF_ARM = "credit.<what the arm reads>"
 
 # Traces and Monte Carlo rollouts are sampled alike.

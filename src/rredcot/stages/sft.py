@@ -4,7 +4,7 @@ For ``model.kind: scratch`` a byte-level BPE tokenizer is trained on the SFT spl
 model is initialised; for ``pretrained`` the checkpoint named in the config is loaded. Either way
 TRL's SFTTrainer fits the teacher completions (loss on completion tokens only) and the result is
 saved with ``save_pretrained``. Checkpoints every ``sft.save_every`` steps go to
-``--checkpoint-dir``; a rerun after a crash resumes from the last one (docs/RESUME.md).
+``--checkpoint-dir``; a rerun after a crash resumes from the last one (docs/resume.md).
 
 Launched by ``rredcot launch sft`` (one process, or ``accelerate launch`` with the config's
 ``distributed`` settings); only the main process writes. Float32 master weights; ``model.dtype``

@@ -5,7 +5,7 @@ CLI: ``python -m rredcot.stages.train --config C --arm rredcot --seed 0 --model 
 (held-out greedy accuracy vs step) to ``DIR/curve.csv`` and per-step training metrics to
 ``DIR/metrics.jsonl``; everything is logged to one MLflow run. Checkpoints every ``rl.save_every``
 steps go to ``--checkpoint-dir``; a rerun after a crash resumes from the last one and continues the
-MLflow run (:mod:`rredcot.infra.resume`, docs/RESUME.md).
+MLflow run (:mod:`rredcot.infra.resume`, docs/resume.md).
 
 ``RREDCoTTrainer`` (in :mod:`rredcot.adapter.trainer`) is the library entry point for TRL users; this module
 only wires the config to it.
@@ -253,7 +253,7 @@ def train(
     trainer = build_trainer(cfg, arm, seed, model_dir, read_jsonl(data), checkpoints, callbacks)
     callback.trainer = trainer
     callback.views_dir = out / "credit"
-    # The Trainer restores weights, optimizer, scheduler, RNG states and data position (docs/RESUME.md).
+    # The Trainer restores weights, optimizer, scheduler, RNG states and data position (docs/resume.md).
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if stop is not None:
         stop.check()  # stopped on a signal: the checkpoint is saved, no output is written

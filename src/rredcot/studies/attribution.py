@@ -1,7 +1,7 @@
 """Four credits for every thinking segment of a trace: RREDCoT, leave-one-out, gradient norm and Monte Carlo.
 
 The paper compares RREDCoT's segment rewards with classic attribution methods and with Monte Carlo
-value differences (docs/METHOD-NOTES.md, "The analyses", Figure 4). For a trace with exit points
+value differences (docs/method.md, "The analyses (Figures 3-7)", Figure 4). For a trace with exit points
 ``cuts = [c_0 = 0, …, c_K = e]`` (``e``: where the model itself exits), thinking segment k is
 ``completion[c_k:c_{k+1}]``.
 The answer segment after ``e`` has no MC value on either side and is left out. With the reference

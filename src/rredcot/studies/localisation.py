@@ -1,7 +1,8 @@
 """Does the blame land on the step where a wrong trace goes wrong? (synthetic task only)
 
 On the synthetic task every step of a trace can be checked, so the place where a wrong trace goes
-wrong is known. For each wrong trace of ``study-traces`` this finds the culprit:
+wrong is known. For each wrong trace of ``study-traces`` this finds the culprit (its first wrong
+step):
 
 - the thinking line that set the wrong value the final solution copied: the first wrong value of
   the final solution, when the thinking kept the same value for that step (a ``Wait,`` line revises
@@ -10,11 +11,12 @@ wrong is known. For each wrong trace of ``study-traces`` this finds the culprit:
   computed a step wrongly (a thinking error that the solution did not copy did not matter);
 
 and reads the segment credit the trace got: the culprit segment's share of the blame weights
-(w_k = max(−r̂_k, 0) / Σ, docs/METHOD-NOTES.md note 8, for a negative advantage), whether it got the largest
-weight, and chance (one over the number of segments). The same numbers for the σ mass: the culprit
-segment's share of Σσ against its share of the tokens. For a culprit in the thinking it also records
-where the largest blame among the thinking segments landed, relative to the culprit: a value model
-that only notices a wrong value once the next line reuses it blames the segment after (offset 1).
+(w_k = max(−r̂_k, 0) / Σ, docs/method.md, "From a trace to σ", for a negative advantage), whether it
+got the largest weight, and chance (one over the number of segments). The same numbers for the σ
+mass: the culprit segment's share of Σσ against its share of the tokens. For a culprit in the
+thinking it also records where the largest blame among the thinking segments landed, relative to
+the culprit: a value model that only notices a wrong value once the next line reuses it blames the
+segment after (offset 1).
 
 With ``--views DIR`` it also draws the credit pictures (``rredcot.viz.credit_view``) of the first few
 wrong traces of each kind: ``DIR/thinking_<i>.png`` and ``DIR/answer_<i>.png`` (and ``.html``).

@@ -2,8 +2,8 @@
 
 A PRM turns a problem and a list of steps into one score per step, the probability that the step is
 good. Here a step is one thinking segment ``completion[c_k:c_{k+1}]`` of a trace (its exit points
-``cuts``), so the scores line up with RREDCoT's segment rewards (docs/METHOD-NOTES.md, "The
-analyses", Figures 5 and 6).
+``cuts``), so the scores line up with RREDCoT's segment rewards (docs/method.md, "The
+analyses (Figures 3-7)", Figures 5 and 6).
 
 - ``qwen-prm``: a Hugging Face PRM in Qwen2.5-Math-PRM-7B's format, loaded with
   ``AutoModel.from_pretrained(..., trust_remote_code=True)``. The input is the chat

@@ -7,7 +7,7 @@ writes ``studies.prm.analysis_problems`` problems of the synthetic task's ``stud
 which it leaves exactly as they are. A job of its own, so that sizing the PRM study never touches the
 data the models train and are evaluated on. The PRM study then scores one trace of each
 (``study-traces --set prm_analysis``): it needs no Monte Carlo rollouts, so it can afford the many
-problems a small correlation needs (docs/METHOD-NOTES.md, "Sizing the correlation studies")."""
+problems a small correlation needs (docs/testbed.md, "Sizing: the correlation studies")."""
 
 from __future__ import annotations
 

@@ -71,9 +71,10 @@ def _yaml_lines(obj: Any, indent: str = "") -> list[str]:
 
 def render_yaml() -> str:
     head = [
-        "# The embedded default: the whole pipeline on a 2-core CPU with no downloads. A synthetic",
-        "# multi-step arithmetic task, a tokenizer and a small Qwen2 model trained locally, credit arms",
-        "# over four seeds. Written by `rredcot config --write` from the settings tree",
+        "# The default config: the whole pipeline on a 2-core CPU with no downloads. A synthetic",
+        "# multi-step arithmetic task, a tokenizer and a small Qwen2 model trained locally, and three",
+        "# training methods (GRPO, RREDCoT, the oracle) over four seeds: a quick run, not a verdict",
+        "# (config/testbed.yaml decides). Written by `rredcot config --write` from the settings tree",
         "# (src/rredcot/settings/config.py and the method's own config classes): edit those, not this file.",
         "# Other config files override it key by key; every key is documented in config/README.md.",
         "",
@@ -117,9 +118,10 @@ def render_readme() -> str:
         "",
         "Written by `rredcot config --write` from the settings tree (`src/rredcot/settings/config.py` and",
         "the method's own config classes: `CreditSettings`, `SegmentationConfig`, `ScoringBudget`,",
-        "`TaskConfig`, `CleanSettings`); do not edit by hand. `config/config.yaml` is the embedded default",
-        "with every key; other files (`smoke.yaml`, `baselines.yaml`, `restating.yaml`, `paper/*.yaml`)",
-        "override it key by key (`snakemake --configfile FILE`), and `--config key=value` overrides single",
+        "`TaskConfig`, `CleanSettings`); do not edit by hand. `config/config.yaml` is the default config",
+        "with every key; the other files here (`smoke.yaml`, `baselines.yaml`, `testbed.yaml`, `vllm.yaml`,",
+        "`restating.yaml`, `misconceptions.yaml`, `paper/*.yaml`), each headed by what it is for, override",
+        "it key by key (`snakemake --configfile FILE`), and `--config key=value` overrides single",
         "keys. A bad key or value fails before any job runs, naming it. `rredcot config --show FILE`",
         "prints a resolved config.",
         "",
@@ -146,7 +148,7 @@ def render_readme() -> str:
 
     section("", root, 2)
     arm = root["properties"]["arms"]["additionalProperties"]
-    out.extend(["## Each arm (`arms.<name>`)", "", arm.get("description", ""), ""])
+    out.extend(["## Each training method (`arms.<name>`)", "", arm.get("description", ""), ""])
     section("arms.<name>", arm, 3)
     out.extend(_reads_section())
     return "\n".join(out).rstrip() + "\n"
@@ -160,13 +162,14 @@ def _reads_section() -> list[str]:
         "A rule's `params` hold the settings its stage computes with, so changing one reruns exactly",
         "the jobs that read it (and what depends on them); a stage that reads a setting it does not",
         "declare fails. Settings under *runs only* are read but cannot change the outputs: changing",
-        "them reruns nothing. `{arm}` is the job's arm; a key names the whole section under it.",
-        "`credit.<what the arm reads>` are the credit settings the arm's method depends on",
-        "(`CreditSettings.read_by`): none for uniform credit (the GRPO baselines); `mix`, `budget`,",
-        "`view_every` and `view_samples` for every other method, with `segmentation` for the segment",
-        "methods, `mc` for Monte Carlo credit, the exit-point scoring settings (`group_pairs`,",
-        "`proposal`, `value_model`, `scorer`, `answer_baseline`) for RREDCoT, and `value_space` for",
-        "both. Changing `credit.mc` thus retrains the Monte Carlo arm alone.",
+        "them reruns nothing. `{arm}` is the job's training method (its name under `arms`); a key",
+        "names the whole section under it. `credit.<what the arm reads>` are the credit settings its",
+        "credit method depends on (`CreditSettings.read_by`): none for uniform credit (the GRPO",
+        "baselines); `mix`, `budget`, `precision`, `view_every` and `view_samples` for every other",
+        "method, with `segmentation` for the segment methods, `mc` for Monte Carlo credit, the",
+        "exit-point scoring settings (`group_pairs`, `proposal`, `value_model`, `scorer`,",
+        "`answer_baseline`) for RREDCoT, and `value_space` for RREDCoT, Monte Carlo and exact-values",
+        "credit. Changing `credit.mc` thus retrains the Monte Carlo method alone.",
         "",
         "| stage | computes with | runs only |",
         "|---|---|---|",

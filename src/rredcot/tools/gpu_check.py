@@ -30,7 +30,7 @@ Sections (``--sections``, all by default), each written to the report as soon as
    vLLM engine holding the same weights (what a run with ``rl.gpu.use_vllm`` does) against
    transformers' own decoding: seconds of each and the same solutions; only where vLLM is installed.
 
-    rredcot gpu-check --out docs/gpu/gpu-check.json              # on a CUDA machine (~5 min, one H100)
+    rredcot gpu-check --out docs/gpu/gpu-check.json              # on a CUDA machine
     rredcot gpu-check --device cpu --tiny --out /tmp/gpu.json   # the same code paths, tiny, on a CPU
     rredcot gpu-check --out gpu.json --profile profiles/        # and a profile of each batch's credit
 
@@ -395,8 +395,8 @@ def _price_precision(model, tok, credit, items, reference, reference_s, device, 
     and run in the float32 master weights) against the recipe's autocast: seconds, and how far σ
     moves. ``float32`` keeps PyTorch's default float32 products (``highest``); ``float32_tf32`` allows
     TF32 products (``high``: what ``tf32=True`` in TRL's GRPOConfig sets), on a GPU that has them.
-    On random weights σ's differences say little of a trained model's (docs/DISTRIBUTED.md gives
-    those): the seconds are what this prices."""
+    On random weights σ's differences say little of a trained model's (docs/distributed.md,
+    "Precision", gives those): the seconds are what this prices."""
     from rredcot.method.assign import CreditAssigner
 
     out: dict[str, Any] = {"autocast_s": round(reference_s, 3)}

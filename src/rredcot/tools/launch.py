@@ -19,7 +19,7 @@ The exit status is the stage's. SLURM's signal before preemption or the time lim
 SIGUSR1, :data:`rredcot.infra.stopping.STOP_SIGNALS`) does not end the launcher: the stage's processes
 stop at a checkpoint (:class:`rredcot.infra.resume.StopOnSignal`) and the launcher waits for them,
 then exits 75 (:func:`call_until_stopped`). ``--dry-run`` prints the plan and the commands without
-running them. docs/DISTRIBUTED.md describes the layouts and the memory plan.
+running them. docs/distributed.md describes the layouts and the memory plan.
 """
 
 from __future__ import annotations

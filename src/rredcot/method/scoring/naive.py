@@ -1,5 +1,5 @@
 """The naive exit-point scorer: one sequence per (exit point, reference pair), the reference the
-single-pass scorer is tested against (docs/METHOD-NOTES.md, note 6).
+single-pass scorer is tested against (docs/method.md, "Single-pass scoring").
 
 For a cut ``c`` in the completion the scored sequence is::
 

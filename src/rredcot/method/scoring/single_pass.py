@@ -1,6 +1,6 @@
 """Single-pass exit-point scoring: the shared prefix is computed once.
 
-(docs/METHOD-NOTES.md, "Scoring all exit points in one pass".)
+(docs/method.md, "Single-pass scoring".)
 
 Every exit point of a trace reads the same prefix ``prompt ⊕ completion[:c]``, so scoring K exit
 points does not need K forward passes over growing prefixes (≈ K·L/2 tokens, ``naive.py``).

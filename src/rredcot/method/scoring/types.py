@@ -18,7 +18,7 @@ class ScoringBudget:
 
     Every pass (trace pass, suffix pass, greedy-baseline prefill and decoding, entropies, naive
     scoring) keeps to all three; a single sequence longer than ``max_batch_tokens`` gets a pass of
-    its own. docs/DISTRIBUTED.md turns them into GPU memory for the paper's models.
+    its own. docs/distributed.md, "Memory", turns them into GPU memory for the paper's models.
     """
 
     max_batch_tokens: int = 32768

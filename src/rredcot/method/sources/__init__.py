@@ -9,7 +9,7 @@
 
 Importing this package registers them (``rredcot.method.registry``), in this order (the order the
 config lists the methods in), then every other module of the package: a new credit method is one
-more module here (docs/METHOD-NOTES.md, "Adding a credit method").
+more module here (docs/library.md, "Adding a credit method").
 """
 
 import importlib

@@ -1,4 +1,4 @@
-"""RREDCoT's reward source: teacher-forced exit-point values (docs/METHOD-NOTES.md, notes 5-7).
+"""RREDCoT's reward source: teacher-forced exit-point values (docs/method.md, "From a trace to σ").
 
 At every exit point the value model reads ``prompt ⊕ completion[:cut] ⊕ exit ⊕ u ⊕ answer_prefix ⊕
 y ⊕ answer_suffix`` for the reference pairs (u, y) and the PR-style estimate turns the

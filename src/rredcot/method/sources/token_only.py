@@ -28,6 +28,6 @@ register_credit_method(
         "entropy",
         "none",
         "entropy",
-        "Token-entropy weighting of the whole trace (docs/METHOD-NOTES.md, note 9).",
+        "Token-entropy weighting of the whole trace (docs/method.md, 'Credit methods').",
     )
 )
