@@ -107,7 +107,7 @@ def attention_tol(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, s
     return float32_tol(2 * d + 2 * keys, max(1.0, s) * float(value.abs().max()))
 
 
-def sigma_x_len_tol(
+def multiplier_tol(
     credit: TraceCredit, advantage: float, mix: float, log_value_error: float, value_space: str = "linear"
 ) -> torch.Tensor:
     """Per-token bound on how far σ·|o| of a trace's ``credit`` (uniform token shares within a
@@ -163,7 +163,7 @@ def assert_same_credit(
 ) -> torch.Tensor:
     """``other``'s credit of a trace is ``reference``'s, its exit points scored another way: the same
     segments and exit points, scores within ``scores`` (:func:`log_prob_sum_tol`), and σ·|o| within
-    its condition number (:func:`sigma_x_len_tol`) times how far the log values moved (the last
+    its condition number (:func:`multiplier_tol`) times how far the log values moved (the last
     one, after the answer segment, also by the answer's log ratio). Returns that bound per token."""
     assert other.segment_starts == reference.segment_starts and other.cuts == reference.cuts
     for got, want in (
@@ -173,7 +173,7 @@ def assert_same_credit(
         torch.testing.assert_close(got, want, **scores)
     moved = float((other.log_values - reference.log_values).abs().max())
     moved += abs((other.answer_reward or 0.0) - (reference.answer_reward or 0.0))
-    bound = sigma_x_len_tol(reference, advantage, mix, moved)
+    bound = multiplier_tol(reference, advantage, mix, moved)
     assert ((other.multiplier - reference.multiplier).abs() <= bound).all(), (
         f"σ·|o| moved {float((other.multiplier - reference.multiplier).abs().max()):.3g}, "
         f"bound {float(bound.min()):.3g}..{float(bound.max()):.3g}"

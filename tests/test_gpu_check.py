@@ -33,7 +33,7 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
         row = price[label]
         assert row["float32_products"] == products and row["credit_s"] > 0 and row["over_autocast"] > 0
         assert row["passes_s"]["scoring"] > 0
-        assert 0 < row["max_abs_diff_sigma_x_len"] < 10 and 0 <= row["same_segments"] <= 1
+        assert 0 < row["max_abs_diff_multiplier"] < 10 and 0 <= row["same_segments"] <= 1
     naive = report["table2"]["naive_subset"]
     assert naive["max_abs_diff_log_p_answer"] < 1e-2 and naive["token_ratio"] > 1
     (scoring,) = report["scoring"].values()

@@ -361,7 +361,7 @@ def scoring_report(args: argparse.Namespace) -> dict[str, Any]:
             **({"mc_over_forward": t_mc / t_forward, "mc_over_single_pass": t_mc / t_single} if t_mc else {}),
         },
         "max_abs_logprob_diff_single_vs_naive": diff,
-        "max_abs_sigma_x_len_diff_single_vs_naive": sigma_diff,
+        "max_abs_multiplier_diff_single_vs_naive": sigma_diff,
     }
     return report
 

@@ -382,8 +382,8 @@ def credit_agreement(reference: list[Any], other: list[Any], items: list[Any]) -
     same = [most_credited(a) == most_credited(b) for a, b in pairs]
     wrong = [s for s, t in zip(same, items, strict=True) if t.advantage < 0]
     return {
-        "max_abs_diff_sigma_x_len": max(diffs),
-        "median_max_abs_diff_sigma_x_len": statistics.median(diffs),
+        "max_abs_diff_multiplier": max(diffs),
+        "median_max_abs_diff_multiplier": statistics.median(diffs),
         "same_most_credited_segment": sum(same) / len(same),
         "same_most_blamed_segment_wrong_traces": sum(wrong) / max(len(wrong), 1),
         "same_segments": sum(a.segment_starts == b.segment_starts for a, b in pairs) / len(pairs),
