@@ -1,4 +1,6 @@
-"""claims.csv: each claim of the paper checked against the run's measurements (rredcot.stages.claims)."""
+"""claims.csv: each claim of the paper checked against the run's measurements (rredcot.studies:
+``claims``, ``claims_table``, ``power``, ``claims_markdown``; verdicts and intervals in
+rredcot.infra.stats)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,12 @@ import polars as pl
 import pytest
 from scipy import stats
 
+from rredcot.infra import stats as S
 from rredcot.settings.config import load_config
-from rredcot.stages import claims as K
+from rredcot.studies import claims as C
+from rredcot.studies import claims_markdown as MD
+from rredcot.studies import claims_table as CT
+from rredcot.studies import power as PW
 
 SOURCES = {k: f"{k}.csv" for k in ("paired", "cost", "truncation", "attribution", "prm", "variance")} | {
     "localisation": "localisation.json"
@@ -17,28 +23,28 @@ SOURCES = {k: f"{k}.csv" for k in ("paired", "cost", "truncation", "attribution"
 
 
 def test_verdicts_judge_the_interval_by_size():
-    t = K.ACCURACY_THRESHOLD
-    assert K.verdict_by_size(t + 0.001, 0.2, t) == "supported"
-    assert K.verdict_by_size(0.001, 0.2, t) == "inconclusive"  # above 0, but maybe below what matters
-    assert K.verdict_by_size(-0.2, -t - 0.001, t) == "contradicted"
-    assert K.verdict_by_size(-t + 0.001, t - 0.001, t) == "too small to matter"
-    assert K.verdict_by_size(-0.1, 0.1, t) == "inconclusive"
-    assert K.verdict_by_size(None, 0.1, t) == "inconclusive"
-    assert K.verdict_by_size(0.75, 0.9, 0.03, line=0.7) == "supported"
+    t = C.ACCURACY_THRESHOLD
+    assert S.verdict_by_size(t + 0.001, 0.2, t) == "supported"
+    assert S.verdict_by_size(0.001, 0.2, t) == "inconclusive"  # above 0, but maybe below what matters
+    assert S.verdict_by_size(-0.2, -t - 0.001, t) == "contradicted"
+    assert S.verdict_by_size(-t + 0.001, t - 0.001, t) == "too small to matter"
+    assert S.verdict_by_size(-0.1, 0.1, t) == "inconclusive"
+    assert S.verdict_by_size(None, 0.1, t) == "inconclusive"
+    assert S.verdict_by_size(0.75, 0.9, 0.03, line=0.7) == "supported"
 
 
 def test_verdicts_follow_the_interval():
-    assert K.verdict_above(0.01, 0.2) == "supported"
-    assert K.verdict_above(-0.2, -0.01) == "contradicted"
-    assert K.verdict_above(-0.1, 0.1) == "inconclusive"
-    assert K.verdict_above(None, 0.3) == "inconclusive"
-    assert K.verdict_above(0.71, 0.9, line=0.7) == "supported"
+    assert S.verdict_above(0.01, 0.2) == "supported"
+    assert S.verdict_above(-0.2, -0.01) == "contradicted"
+    assert S.verdict_above(-0.1, 0.1) == "inconclusive"
+    assert S.verdict_above(None, 0.3) == "inconclusive"
+    assert S.verdict_above(0.71, 0.9, line=0.7) == "supported"
 
 
 def test_wilson_interval_matches_its_formula_and_stays_in_0_1():
-    low, high = K.wilson_interval(0.0, 50)
+    low, high = S.wilson_interval(0.0, 50)
     assert low == pytest.approx(0.0, abs=1e-12) and 0.0 < high < 0.1
-    low, high = K.wilson_interval(0.5, 100)
+    low, high = S.wilson_interval(0.5, 100)
     assert low == pytest.approx(0.4038, abs=1e-3) and high == pytest.approx(0.5962, abs=1e-3)
 
 
@@ -53,10 +59,10 @@ def test_fisher_interval_covers_the_spearman_correlation_of_samples():
     target = stats.spearmanr(big[:, 0], big[:, 1]).statistic
     for _ in range(trials):
         xy = rng.multivariate_normal([0, 0], cov, size=40)
-        low, high = K.fisher_interval(stats.spearmanr(xy[:, 0], xy[:, 1]).statistic, 40)
+        low, high = S.fisher_interval(stats.spearmanr(xy[:, 0], xy[:, 1]).statistic, 40)
         covered += low <= target <= high
     assert 0.9 <= covered / trials <= 0.99
-    assert all(math.isnan(x) for x in K.fisher_interval(0.3, 3))
+    assert all(math.isnan(x) for x in S.fisher_interval(0.3, 3))
 
 
 def _paired(rows):
@@ -70,7 +76,7 @@ def _intervals(table: pl.DataFrame, design_effect: float = 1.0) -> pl.DataFrame:
     """Each correlation's 95% interval as its figure writes it (``spearman_low``, ``spearman_high``):
     here the Fisher interval of ``n / design_effect`` independent pairs."""
     bounds = [
-        K.fisher_interval(r, int((n - 3) / design_effect) + 3)
+        S.fisher_interval(r, int((n - 3) / design_effect) + 3)
         for r, n in zip(table["spearman"], table["n"], strict=True)
     ]
     return table.with_columns(
@@ -180,7 +186,7 @@ COMPUTE = pl.DataFrame(
 
 
 def test_claims_table_reads_each_source_and_judges_it(inputs):
-    rows = {c.claim: c for c in K.claims_table(*inputs, SOURCES, COMPUTE)}
+    rows = {c.claim: c for c in CT.claims_table(*inputs, SOURCES, COMPUTE)}
     assert list(rows) == [
         "rredcot_beats_grpo",
         "mc_beats_grpo",
@@ -258,7 +264,7 @@ def test_claims_turn_against_the_paper_when_the_numbers_do(inputs):
     localisation = {"thinking": {"traces": 40, "top_blame_rate": 0.3, "chance": 0.2}}
     rows = {
         c.claim: c.verdict
-        for c in K.claims_table(
+        for c in CT.claims_table(
             cfg, paired, cost, truncation, attribution, prm, variance, localisation, SOURCES
         )
     }
@@ -274,11 +280,11 @@ def test_a_run_without_the_mc_arm_says_so(inputs):
     cfg, paired, cost, *rest = inputs
     cfg = {**cfg, "run_arms": ["grpo", "rredcot", "oracle"]}
     rows = {
-        c.claim: c for c in K.claims_table(cfg, paired, cost.filter(pl.col("item") != "MC"), *rest, SOURCES)
+        c.claim: c for c in CT.claims_table(cfg, paired, cost.filter(pl.col("item") != "MC"), *rest, SOURCES)
     }
     assert "mc_beats_grpo" not in rows
     assert rows["cost"].verdict == "within the paper's range" and "no MC arm" in rows["cost"].note
-    md = K.markdown(list(rows.values()), "x")
+    md = MD.markdown(list(rows.values()), "x")
     assert md.count("\n| ") == len(rows) + 1 and "**supported**" in md
     # Every row has the header's seven cells: the PRM row's |Spearman| bars are escaped.
     table = [line for line in md.splitlines() if line.startswith("| ")]
@@ -294,7 +300,7 @@ def test_too_little_to_judge_is_inconclusive(inputs):
     cost = cost.with_columns(pl.lit(0.0).alias("rollout_tokens_per_step"))
     rows = {
         c.claim: c
-        for c in K.claims_table(
+        for c in CT.claims_table(
             cfg, paired, cost, truncation, attribution, prm, variance, localisation, SOURCES
         )
     }
@@ -312,89 +318,89 @@ def test_a_difference_inside_the_threshold_is_too_small_to_matter(inputs):
         pl.when(pl.col("arm") == "RREDCoT").then(-0.004).otherwise(pl.col("diff_low")).alias("diff_low"),
         pl.when(pl.col("arm") == "RREDCoT").then(0.004).otherwise(pl.col("diff_high")).alias("diff_high"),
     )
-    rows = {c.claim: c.verdict for c in K.claims_table(cfg, paired, *rest, SOURCES)}
+    rows = {c.claim: c.verdict for c in CT.claims_table(cfg, paired, *rest, SOURCES)}
     assert rows["rredcot_beats_grpo"] == "too small to matter"
 
 
 def test_power_says_what_the_run_can_detect(inputs):
     _, paired, *_ = inputs
-    power = {p.arm: p for p in K.power_table(paired)}
+    power = {p.arm: p for p in PW.power_table(paired)}
     assert set(power) == {"RREDCoT", "MC", "Oracle", "Exact values", "RREDCoT - MC"}  # sampled rows only
     rredcot = power["RREDCoT"]
     assert rredcot.half_width == pytest.approx(0.03) and not rredcot.powered
-    se = 0.03 / K.Z95
-    assert rredcot.detectable == pytest.approx((K.Z95 + K.Z80) * se)
-    assert rredcot.detectable_by_size == pytest.approx(K.ACCURACY_THRESHOLD + (K.Z95 + K.Z80) * se)
+    se = 0.03 / S.Z95
+    assert rredcot.detectable == pytest.approx((S.Z95 + PW.Z80) * se)
+    assert rredcot.detectable_by_size == pytest.approx(C.ACCURACY_THRESHOLD + (S.Z95 + PW.Z80) * se)
     # Seeds for ±0.01 from the two spreads: 1.96^2 (0.02^2 + 0.2^2 / 100) / 0.01^2 = 30.7 -> 31.
     assert rredcot.seeds_needed == 31
     # A difference of 0.01 is 0.005 beyond the threshold: an interval of ±0.005 decides it, 36 x the
     # seeds of today's ±0.03.
     assert rredcot.seeds_to_decide == math.ceil(3 * (0.03 / 0.005) ** 2) == 108
-    assert K.seeds_to_decide(0.002, 0.006, 20) == math.ceil(20 * (0.006 / 0.003) ** 2)  # too small to matter
-    assert K.seeds_to_decide(K.ACCURACY_THRESHOLD, 0.01, 20) is None
-    md = K.markdown([], "x", list(power.values()))
+    assert PW.seeds_to_decide(0.002, 0.006, 20) == math.ceil(20 * (0.006 / 0.003) ** 2)  # too small to matter
+    assert PW.seeds_to_decide(C.ACCURACY_THRESHOLD, 0.01, 20) is None
+    md = MD.markdown([], "x", list(power.values()))
     assert "**Power: underpowered.**" in md and "| RREDCoT | 3 x 100 |" in md and "| 31 | 108 |" in md
     tight = paired.with_columns(
         (pl.col("diff") - 0.008).alias("diff_low"), (pl.col("diff") + 0.008).alias("diff_high")
     )
-    assert "**Power: powered.**" in K.markdown([], "x", K.power_table(tight))
+    assert "**Power: powered.**" in MD.markdown([], "x", PW.power_table(tight))
 
 
 def test_without_the_exact_arm_the_testbed_check_is_open(inputs):
     cfg, *rest = inputs
     cfg = {**cfg, "run_arms": ["grpo", "rredcot", "oracle"]}
-    rows = {c.claim: c for c in K.claims_table(cfg, *rest, SOURCES)}
+    rows = {c.claim: c for c in CT.claims_table(cfg, *rest, SOURCES)}
     assert rows["testbed_exact_beats_grpo"].verdict == "inconclusive"
     assert "no paired row for Exact values" in rows["testbed_exact_beats_grpo"].note
     assert "rredcot_matches_mc" not in rows and "rredcot_matches_mc_at_equal_compute" not in rows
 
 
 def test_non_inferiority_judges_against_minus_the_threshold():
-    t = K.ACCURACY_THRESHOLD
-    assert K.verdict_not_below(-t + 0.001, 0.05, t) == "supported"
-    assert K.verdict_not_below(-0.05, -t - 0.001, t) == "contradicted"
-    assert K.verdict_not_below(-0.05, 0.05, t) == "inconclusive"
-    assert K.verdict_not_below(None, 0.05, t) == "inconclusive"
+    t = C.ACCURACY_THRESHOLD
+    assert S.verdict_not_below(-t + 0.001, 0.05, t) == "supported"
+    assert S.verdict_not_below(-0.05, -t - 0.001, t) == "contradicted"
+    assert S.verdict_not_below(-0.05, 0.05, t) == "inconclusive"
+    assert S.verdict_not_below(None, 0.05, t) == "inconclusive"
 
 
 def test_correlation_sizes_follow_the_fisher_interval():
     for rho in (0.0, 0.38, 0.65, -0.5):
-        n = K.correlation_n(rho)
+        n = PW.correlation_n(rho)
         for m, fits in ((n, True), (n - 1, False)):
-            low, high = K.fisher_interval(rho, m)
-            assert (max(rho - low, high - rho) <= K.CORRELATION_HALF_WIDTH) is fits
+            low, high = S.fisher_interval(rho, m)
+            assert (max(rho - low, high - rho) <= PW.CORRELATION_HALF_WIDTH) is fits
     # Near the approximation n = 3 + 1.06 (1.96 (1 - rho^2) / 0.1)^2, a little above: the wider side counts.
-    assert K.correlation_n(0.38) == pytest.approx(3 + 1.06 * (K.Z95 * (1 - 0.38**2) / 0.1) ** 2, rel=0.1)
+    assert PW.correlation_n(0.38) == pytest.approx(3 + 1.06 * (S.Z95 * (1 - 0.38**2) / 0.1) ** 2, rel=0.1)
 
     def verdict(a: float, b: float, n: int) -> str:
         half = math.hypot(
             *(
                 max(r - lo, hi - r)
-                for r, (lo, hi) in ((a, K.fisher_interval(a, n)), (b, K.fisher_interval(b, n)))
+                for r, (lo, hi) in ((a, S.fisher_interval(a, n)), (b, S.fisher_interval(b, n)))
             )
         )
-        return K.verdict_by_size(a - b - half, a - b + half, K.CORRELATION_DIFFERENCE_THRESHOLD)
+        return S.verdict_by_size(a - b - half, a - b + half, C.CORRELATION_DIFFERENCE_THRESHOLD)
 
-    n = K.difference_n(-0.6, 0.4)
+    n = PW.difference_n(-0.6, 0.4)
     assert verdict(0.6, 0.4, n) == "supported" and verdict(0.6, 0.4, n - 1) == "inconclusive"
-    n = K.difference_n(0.079, -0.078)  # equal correlations: too small to matter, with enough pairs
+    n = PW.difference_n(0.079, -0.078)  # equal correlations: too small to matter, with enough pairs
     assert (
         verdict(0.079, 0.078, n) == "too small to matter" and verdict(0.079, 0.078, n - 1) == "inconclusive"
     )
-    assert K.difference_n(0.35, 0.3) is None  # on the line: no size decides
+    assert PW.difference_n(0.35, 0.3) is None  # on the line: no size decides
 
 
 def test_power_of_the_correlations_scales_the_study(inputs):
     _, _, _, _, attribution, prm, *_ = inputs
-    rows = K.correlation_power(attribution, prm, n_traces=96)
+    rows = PW.correlation_power(attribution, prm, n_traces=96)
     late, whole, thought, answer = rows
     assert (late.n, whole.n) == (60, 300) and late.rho == 0.7 and "last 20%" in late.what
-    assert late.n_needed == K.correlation_n(0.7)
+    assert late.n_needed == PW.correlation_n(0.7)
     assert late.traces_needed == math.ceil(96 * late.n_needed / 60)
     assert thought.claim == answer.claim == "prm_follows_thought_nll" and thought.rho == 0.6
-    assert thought.n_needed == max(K.correlation_n(0.6), K.difference_n(0.6, 0.1))
+    assert thought.n_needed == max(PW.correlation_n(0.6), PW.difference_n(0.6, 0.1))
     assert late.design_effect == pytest.approx(1.0) and thought.design_effect == pytest.approx(1.0)
-    md = K.markdown([], "x", (), rows)
+    md = MD.markdown([], "x", (), rows)
     assert "## Power of the correlations" in md and f"| {late.traces_needed} |" in md
 
 
@@ -409,28 +415,28 @@ def test_clustered_correlations_need_more_pairs(inputs):
     wide_attr, wide_prm = (
         t.with_columns(pl.col("n").replace_strict(problems).alias("clusters")) for t in (wide_attr, wide_prm)
     )
-    late, whole, thought, answer = K.correlation_power(wide_attr, wide_prm, n_traces=96)
+    late, whole, thought, answer = PW.correlation_power(wide_attr, wide_prm, n_traces=96)
     # About 6 over many pairs; more over few, where the interval's wider side grows faster than 1/√n.
     assert 5.0 < whole.design_effect < 7.0 and late.design_effect > 5.0
     assert late.problems == 10 and late.icc == pytest.approx((late.design_effect - 1) / (60 / 10 - 1))
-    assert late.n_independent == K.correlation_n(0.7)
-    assert late.problems_needed == math.ceil(K.correlation_n(0.7) * late.design_effect / 6)
+    assert late.n_independent == PW.correlation_n(0.7)
+    assert late.problems_needed == math.ceil(PW.correlation_n(0.7) * late.design_effect / 6)
     # icc near 1: ten problems are worth about ten pairs, whatever is drawn of them.
     assert late.n_needed is None and late.traces_needed is None
-    assert whole.n_needed == K.pairs_on_problems(K.correlation_n(0.4), 30, whole.icc)
-    assert late.half_width > K.correlation_power(attribution, prm, n_traces=96)[0].half_width
-    assert thought.n_independent == max(K.correlation_n(0.6), K.difference_n(0.6, 0.1))
-    md = K.markdown([], "x", (), [late, whole, thought, answer])
+    assert whole.n_needed == PW.pairs_on_problems(PW.correlation_n(0.4), 30, whole.icc)
+    assert late.half_width > PW.correlation_power(attribution, prm, n_traces=96)[0].half_width
+    assert thought.n_independent == max(PW.correlation_n(0.6), PW.difference_n(0.6, 0.1))
+    md = MD.markdown([], "x", (), [late, whole, thought, answer])
     assert "| out of reach | out of reach |" in md
     # The late correlation 0.7 over 60 pairs clears 0.3 as independent pairs, not at a sixth of them.
     rows = {
         c.claim: c
-        for c in K.claims_table(
+        for c in CT.claims_table(
             cfg, paired, cost, truncation, wide_attr, wide_prm, variance, localisation, SOURCES
         )
     }
     assert rows["rredcot_tracks_mc"].verdict == "inconclusive"
-    assert rows["rredcot_tracks_mc"].low == pytest.approx(K.fisher_interval(0.7, int(57 / 6) + 3)[0])
+    assert rows["rredcot_tracks_mc"].low == pytest.approx(S.fisher_interval(0.7, int(57 / 6) + 3)[0])
 
 
 def test_pairs_on_the_same_problems_are_worth_less():
@@ -441,25 +447,25 @@ def test_pairs_on_the_same_problems_are_worth_less():
         return n / max(1.0, 1 + (n / problems - 1) * icc)
 
     for need, problems, icc in ((300, 400, 0.2), (1000, 400, 0.1), (5000, 400, 0.05), (700, 100, 0.1)):
-        n = K.pairs_on_problems(need, problems, icc)
+        n = PW.pairs_on_problems(need, problems, icc)
         if need * icc >= problems:
             assert n is None
             continue
         assert worth(n, problems, icc) >= need - 1e-6 and worth(n - 1, problems, icc) < need
-    assert K.pairs_on_problems(300, 400, 0.5) == 300  # fewer than one pair a problem: independent
-    assert K.pairs_on_problems(7073, 400, 0.103) is None  # a correlation of 0.06 on 400 problems
-    assert K.pairs_on_problems(500, 400, 0.0) == 500
+    assert PW.pairs_on_problems(300, 400, 0.5) == 300  # fewer than one pair a problem: independent
+    assert PW.pairs_on_problems(7073, 400, 0.103) is None  # a correlation of 0.06 on 400 problems
+    assert PW.pairs_on_problems(500, 400, 0.0) == 500
 
 
 def test_absolute_correlation_intervals_and_missing_columns():
-    assert K.abs_interval(0.1, 0.3) == (0.1, 0.3)
-    assert K.abs_interval(-0.3, -0.1) == (0.1, 0.3)
-    assert K.abs_interval(-0.1, 0.3) == (0.0, 0.3)
-    assert all(math.isnan(x) for x in K.abs_interval(math.nan, 0.2))
+    assert S.abs_interval(0.1, 0.3) == (0.1, 0.3)
+    assert S.abs_interval(-0.3, -0.1) == (0.1, 0.3)
+    assert S.abs_interval(-0.1, 0.3) == (0.0, 0.3)
+    assert all(math.isnan(x) for x in S.abs_interval(math.nan, 0.2))
     with pytest.raises(ValueError, match="redraw its figures"):
-        K.correlation_interval({"spearman": 0.5, "n": 40})
-    assert K.design_effect(0.5, 100, *K.fisher_interval(0.5, 100)) == pytest.approx(1.0)
-    assert K.design_effect(0.5, 100, 0.49, 0.51) == 1.0  # never below independent pairs
+        C.correlation_interval({"spearman": 0.5, "n": 40})
+    assert PW.design_effect(0.5, 100, *S.fisher_interval(0.5, 100)) == pytest.approx(1.0)
+    assert PW.design_effect(0.5, 100, 0.49, 0.51) == 1.0  # never below independent pairs
 
 
 def _prm_json(brier: float, constant: float = 0.10, auc: float = 0.7, steps: int = 600) -> dict:
@@ -472,7 +478,7 @@ def test_the_prm_claim_needs_a_prm_that_learned_step_values(inputs):
     cfg, paired, cost, truncation, attribution, prm, variance, localisation = inputs
 
     def claim(prm_model):
-        table = K.claims_table(
+        table = CT.claims_table(
             cfg,
             paired,
             cost,
@@ -496,8 +502,8 @@ def test_the_prm_claim_needs_a_prm_that_learned_step_values(inputs):
         c = claim(info)
         assert c.verdict == "inconclusive" and c.value == learned.value
         assert "has not learned step values" in c.note and "alone would be judged supported" in c.note
-    assert K.PRM_MIN_SKILL == pytest.approx(K.CORRELATION_THRESHOLD**2)
-    assert K.prm_skill(_prm_json(0.09))[0] == pytest.approx(0.1)
-    assert "AUC 0.70, 600 steps" in K.prm_skill(_prm_json(0.09))[1]
+    assert C.PRM_MIN_SKILL == pytest.approx(C.CORRELATION_THRESHOLD**2)
+    assert C.prm_skill(_prm_json(0.09))[0] == pytest.approx(0.1)
+    assert "AUC 0.70, 600 steps" in C.prm_skill(_prm_json(0.09))[1]
     # A hub PRM has no prm.json: the correlations alone decide.
     assert claim(None).verdict == "supported" and "validation" not in claim(None).measure

@@ -189,7 +189,7 @@ def _clustered(
 def test_the_bootstrap_over_problems_covers_what_fisher_misses() -> None:
     """On clustered pairs the Fisher interval (independent pairs) misses the population's ρ most of the
     time; the interval that draws whole problems covers it at about its 95%."""
-    from rredcot.stages.claims import fisher_interval
+    from rredcot.infra.stats import fisher_interval
 
     rng = np.random.default_rng(123)
     x, y, _ = _clustered(rng, 20_000)
@@ -207,7 +207,7 @@ def test_the_bootstrap_over_problems_covers_what_fisher_misses() -> None:
 
 def test_the_bootstrap_over_single_pairs_is_near_fisher() -> None:
     """With one pair a problem (independent pairs) the two intervals agree."""
-    from rredcot.stages.claims import fisher_interval
+    from rredcot.infra.stats import fisher_interval
 
     rng = np.random.default_rng(5)
     x = rng.normal(size=400)

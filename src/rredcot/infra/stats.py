@@ -1,4 +1,6 @@
-"""Paired comparisons of training arms: bootstrap intervals of accuracy differences and of the steps
+"""Intervals and what they say.
+
+Paired comparisons of training arms: bootstrap intervals of accuracy differences and of the steps
 an arm needs to reach a reference arm's final accuracy, and the same against training seconds
 (accuracy at equal compute, the share of the reference's cost at which the arm reaches it).
 
@@ -8,6 +10,10 @@ percentile bootstrap: seeds are drawn with replacement, then problems, with the 
 arms, so the interval holds both the seed-to-seed spread of training and the sampling of the test
 problems. Written here with numpy because the few lines of a paired, two-level resampling are
 clearer than fitting them to scipy.stats.bootstrap's one-level interface.
+
+Closed-form intervals (a rank correlation's by Fisher z, a fraction's by Wilson, ``|ρ|``'s from
+``ρ``'s) and the verdicts that judge an interval against a line: by size, above a target, or as
+non-inferiority.
 """
 
 from __future__ import annotations
@@ -298,3 +304,73 @@ def reach_share(
     n = xa.shape[0]
     draws = np.array([share(rng.integers(0, n, size=n)) for _ in range(n_boot)])
     return Interval(share(np.arange(n)), *_percentiles(draws, level))
+
+
+# ----------------------------------------------------------- closed-form intervals and verdicts
+
+Z95 = 1.959963984540054
+"""The two-sided 95% quantile of the standard normal."""
+
+
+def fisher_interval(rho: float, n: int) -> tuple[float, float]:
+    """95% interval of a Spearman correlation (Fisher z, Fieller's variance 1.06 / (n - 3))."""
+    if n < 4 or not math.isfinite(rho):
+        return math.nan, math.nan
+    z = math.atanh(max(min(rho, 0.999999), -0.999999))
+    half = Z95 * math.sqrt(1.06 / (n - 3))
+    return math.tanh(z - half), math.tanh(z + half)
+
+
+def abs_interval(low: float, high: float) -> tuple[float, float]:
+    """The interval of ``|ρ|`` from that of ``ρ``: mirrored when it lies below 0, from 0 when it spans it."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return math.nan, math.nan
+    if low >= 0:
+        return low, high
+    if high <= 0:
+        return -high, -low
+    return 0.0, max(-low, high)
+
+
+def wilson_interval(fraction: float, n: int) -> tuple[float, float]:
+    """95% Wilson interval of a binomial fraction over ``n`` trials."""
+    if n <= 0:
+        return math.nan, math.nan
+    z2 = Z95 * Z95
+    centre = (fraction + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(fraction * (1 - fraction) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def verdict_by_size(low: float | None, high: float | None, threshold: float, line: float = 0.0) -> str:
+    """Judge an interval against ``line ± threshold``: ``supported`` beyond ``line + threshold``,
+    ``contradicted`` beyond ``line - threshold``, ``too small to matter`` inside both, else
+    ``inconclusive``."""
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return "inconclusive"
+    if low > line + threshold:
+        return "supported"
+    if high < line - threshold:
+        return "contradicted"
+    if low > line - threshold and high < line + threshold:
+        return "too small to matter"
+    return "inconclusive"
+
+
+def verdict_above(low: float | None, high: float | None, line: float = 0.0) -> str:
+    """``supported`` when the interval lies above ``line``, ``contradicted`` when below, else
+    inconclusive (a target rather than an effect size: the threshold is the line itself)."""
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return "inconclusive"
+    if low > line:
+        return "supported"
+    if high < line:
+        return "contradicted"
+    return "inconclusive"
+
+
+def verdict_not_below(low: float | None, high: float | None, threshold: float) -> str:
+    """Non-inferiority: ``supported`` when the interval lies above ``-threshold`` (the arm is at most a
+    difference that does not matter behind, or ahead), ``contradicted`` when it lies below it, else
+    ``inconclusive``: ``verdict_above`` with ``-threshold`` for the line."""
+    return verdict_above(low, high, -threshold)

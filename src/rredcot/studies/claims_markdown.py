@@ -1,0 +1,144 @@
+"""``claims.md``: the claims as a table with their verdicts and notes, the power of the accuracy
+comparisons and of the correlations, and the lines of our own that the verdicts rest on."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from rredcot.studies.claims import (
+    ACCURACY_THRESHOLD,
+    CORRELATION_DIFFERENCE_THRESHOLD,
+    CORRELATION_THRESHOLD,
+    MUCH_LARGER,
+    NOISY_VALUE_SD,
+    PRM_MIN_SKILL,
+    RREDCOT_COST_RANGE,
+    TRUNCATION_THRESHOLD,
+    Claim,
+    fmt,
+)
+from rredcot.studies.power import CORRELATION_HALF_WIDTH, POWER_HALF_WIDTH, CorrelationPower, Power
+
+
+def _count(x: int | None, missing: str) -> str:
+    return missing if x is None else str(x)
+
+
+def markdown(
+    claims: Sequence[Claim],
+    experiment: str,
+    power: Sequence[Power] = (),
+    correlations: Sequence[CorrelationPower] = (),
+) -> str:
+    lines = [
+        f"# Claims of the paper, checked on this testbed ({experiment})",
+        "",
+        "Verdicts, judged by size: **supported** (the 95% interval lies beyond the claim's threshold on "
+        "its side), **contradicted** (beyond it on the other side), **too small to matter** (inside "
+        "±threshold: whatever the effect, it is smaller than what matters), **inconclusive** (the run "
+        "cannot tell); the cost claim says where the ratio falls against the paper's range. A verdict "
+        "holds for this testbed and these settings only. Rows named `testbed_*` check the testbed "
+        "itself. `testbed_exact_beats_grpo` decides whether it can judge credit assignment: exact values "
+        "credit right traces and blame wrong ones from what the task knows, with no sampling noise, so "
+        "where they do not beat GRPO the testbed cannot show that credit helps. Perfect blame "
+        "(`testbed_oracle_beats_grpo`) moves only a wrong trace's blame and is reported as a finding.",
+        "",
+    ]
+    if power:
+        powered = all(p.powered for p in power)
+        worst = max((p.half_width for p in power if p.half_width is not None), default=math.nan)
+        lines += [
+            f"**Power: {'powered' if powered else 'underpowered'}.** "
+            + (
+                f"Every final-accuracy interval is within ±{POWER_HALF_WIDTH} (widest ±{worst:.3f}): a "
+                f"+0.02 difference is resolved."
+                if powered
+                else f"The widest final-accuracy interval is ±{worst:.3f}, more than the ±{POWER_HALF_WIDTH} "
+                f"that resolves a +0.02 difference: verdicts on effects of that size are luck here "
+                f"(config/testbed.yaml is the powered recipe)."
+            ),
+            "",
+        ]
+    lines += [
+        "| claim | verdict | value | 95% interval | threshold | measured | source |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(text: str) -> str:  # a literal '|' (absolute values) would end the table cell
+        return text.replace("|", "\\|")
+
+    for c in claims:
+        interval = "-" if c.low is None or c.high is None else f"[{fmt(c.low)}, {fmt(c.high)}]"
+        lines.append(
+            f"| {cell(c.statement)} | **{c.verdict}** | {fmt(c.value)} | {interval} | {cell(c.threshold)} "
+            f"| {cell(c.measure)} | `{c.source}` |"
+        )
+    notes = [f"- `{c.claim}`: {c.note}" for c in claims if c.note]
+    if notes:
+        lines += ["", "Notes:", "", *notes]
+    if power:
+        lines += [
+            "",
+            "## Power of the accuracy comparisons",
+            "",
+            "Final sampled accuracy of each arm minus the reference's, paired by seed and problem. "
+            "Spread over seeds and over problems within a seed; the minimum detectable effect is the "
+            "smallest true difference this run finds above 0 (above the threshold) with 80% power at "
+            f"the 5% level; then the seeds a ±{POWER_HALF_WIDTH} interval needs, and the seeds at which "
+            "the difference, if it stayed as measured, would get a verdict by size (beyond the "
+            "threshold, or inside it: too small to matter).",
+            "",
+            "| arm | seeds x problems | sd over seeds | sd over problems | 95% half-width | "
+            "detectable effect | detectable by size | seeds for ±0.01 | seeds to decide |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for p in power:
+            lines.append(
+                f"| {p.arm} | {p.seeds} x {p.problems} | {fmt(p.seed_sd)} | {fmt(p.problem_sd)} | "
+                f"±{fmt(p.half_width)} | {fmt(p.detectable)} | {fmt(p.detectable_by_size)} | "
+                f"{p.seeds_needed if p.seeds_needed is not None else '-'} | "
+                f"{p.seeds_to_decide if p.seeds_to_decide is not None else '-'} |"
+            )
+    if correlations:
+        lines += [
+            "",
+            "## Power of the correlations",
+            "",
+            "Each correlation behind a claim: its pairs and the problems they come from, the half-width "
+            "of its 95% interval (bootstrap over problems), and its design effect (the squared ratio of that "
+            "half-width to the Fisher interval's, which counts the pairs as independent). Independent pairs "
+            f"needed: for a ±{CORRELATION_HALF_WIDTH} interval (for the PRM claim, or for the difference of "
+            "its two correlations to get a verdict by size if they stayed as measured, whichever is more). "
+            "Drawing more traces of the "
+            "same problems adds pairs that are worth less as the problems repeat, and at most problems / icc "
+            "independent ones (icc: the correlation of pairs within a problem, from the design effect): "
+            "'pairs needed' and 'traces needed' (`studies.n_traces`; for the PRM claim "
+            "`studies.prm.analysis_problems` when set) say what gives it on this run's "
+            "problems ('out of reach' where nothing does); 'problems needed', how many problems at this "
+            "run's traces per problem give it.",
+            "",
+            "| claim | correlation | ρ | pairs | problems | 95% half-width | design effect | icc | "
+            "independent pairs needed | pairs needed | traces needed | problems needed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for c in correlations:
+            reach = "out of reach" if c.n_independent is not None and c.n_needed is None else "-"
+            lines.append(
+                f"| `{c.claim}` | {cell(c.what)} | {fmt(c.rho)} | {c.n} | {c.problems or '-'} | "
+                f"±{fmt(c.half_width)} | {fmt(c.design_effect)} | {fmt(c.icc)} | "
+                f"{_count(c.n_independent, '-')} | {_count(c.n_needed, reach)} | "
+                f"{_count(c.traces_needed, reach)} | {_count(c.problems_needed, '-')} |"
+            )
+    lines += [
+        "",
+        f"Lines of our own: an accuracy difference matters from {ACCURACY_THRESHOLD} on, a rank "
+        f"correlation from {CORRELATION_THRESHOLD} and a difference of two from "
+        f"{CORRELATION_DIFFERENCE_THRESHOLD}, truncation from {TRUNCATION_THRESHOLD:.0%} of the "
+        f"rollouts; a local PRM has learned step values from a Brier skill of {PRM_MIN_SKILL:.2f} on "
+        f"held-out problems; a value is noisy above a bootstrap sd of {NOISY_VALUE_SD}; MC costs much "
+        f"more than RREDCoT at {MUCH_LARGER}x its step ratio; the paper puts RREDCoT at "
+        f"{RREDCOT_COST_RANGE[0]}-{RREDCOT_COST_RANGE[1]}x GRPO.",
+        "",
+    ]
+    return "\n".join(lines)
