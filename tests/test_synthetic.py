@@ -18,15 +18,14 @@ from rredcot.data.synthetic import (
     SPLITS,
     TaskConfig,
     generate_splits,
-    main,
     noise_counts,
     problem_text,
     solution_text,
     solve,
     study_split,
+    summarize,
     teacher_trace,
 )
-from rredcot.infra.io import read_jsonl
 
 EXAMPLE_STEPS = [("+", 5), ("*", 3), ("-", 4)]
 
@@ -181,13 +180,13 @@ def test_the_study_split_is_fresh_and_leaves_the_others_alone(cfg: TaskConfig, s
         study_split(TaskConfig(modulus=3, levels=[1], ops=["+"], n_sft=1, n_rl=1, n_test=1), 4)
 
 
-def test_cli_writes_splits(tmp_path, capsys) -> None:
-    main(["--out-dir", str(tmp_path), "--seed", "3", "--n-sft", "40", "--n-rl", "20", "--n-test", "8"])
-    expected = generate_splits(TaskConfig(seed=3, n_sft=40, n_rl=20, n_test=8))
-    for split in SPLITS:
-        assert read_jsonl(tmp_path / f"{split}.jsonl") == expected[split]
-    out = capsys.readouterr().out
-    assert "rl: 20 rows" in out and "label noise:" in out
+def test_summary_counts_rows_and_noise() -> None:
+    """The summary ``rredcot data`` logs: rows per split and the label noise injected per kind."""
+    cfg = TaskConfig(seed=3, n_sft=40, n_rl=20, n_test=8)
+    summary = summarize(generate_splits(cfg))
+    assert "rl: 20 rows" in summary
+    noise = ", ".join(f"{kind}={n}" for kind, n in sorted(noise_counts(cfg).items()) if n)
+    assert summary.endswith(f"label noise: {noise}")
 
 
 def test_thinking_lines_without_the_starting_value() -> None:

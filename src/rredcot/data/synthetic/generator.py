@@ -1,36 +1,34 @@
-"""Deterministic generator of the synthetic multi-step reasoning task (modular arithmetic chains).
+"""Deterministic generator of the synthetic task's splits (modular arithmetic chains).
 
-A problem such as ``"Start at 7, add 5, times 3, minus 4. Work mod 10."`` has ``level`` operations.
 Each row carries a reference solution, a noisy teacher trace for SFT warm-up, and truth columns, in
 the common record schema shared with the real math datasets. Only the ``rl`` split gets label noise,
-so the label-error cleaner can be scored against the injected truth.
-
-Run ``python -m rredcot.data.synthetic --out-dir DIR`` to write ``DIR/{sft,rl,test}.jsonl``.
+so the label-error cleaner can be scored against the injected truth. ``rredcot data`` writes the
+splits of a config (``rredcot.stages.data``).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import random
-import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from rredcot.data.grading import grade
-from rredcot.infra.io import write_jsonl
+from rredcot.data.synthetic.grammar import (
+    OP_WORDS,
+    THINK_END,
+    Step,
+    apply_op,
+    problem_text,
+    run_chain,
+    solution_text,
+)
 
-OP_WORDS = {"+": "add", "-": "minus", "*": "times"}
 NOISE_KINDS = ("wrong_answer", "inconsistent_solution", "missing_solution", "consistent_wrong_label")
 SPLITS = ("sft", "rl", "test")
 MIDDLE_KEYWORDS = ("Next, ", "Then, ", "Now, ", "So, ")
-THINK_END = "</think>\n"
-
-Step = tuple[str, int]
 
 
 @dataclass
@@ -73,7 +71,7 @@ class TaskConfig:
     copies the thinking throughout. Meant to teach the model that a solution which has left its
     thinking works on by itself, so that the reference solution at an exit after a wrong line is
     not read as disagreeing with every later line as well (which moves blame past the first wrong
-    step). Off by default: a rate high enough to move blame kept SFT from converging
+    step). Off by default: a rate high enough to move blame keeps the default model's SFT from converging
     (docs/testbed.md, "The synthetic task")."""
     sft_exit_rows: float = 0.25
     """Fraction of the SFT split's rows that start at an exit point: the prompt holds the first j
@@ -128,231 +126,6 @@ class TaskConfig:
         for name in ("n_sft", "n_rl", "n_test"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
-
-
-def apply_op(value: int, op: str, operand: int, modulus: int) -> int:
-    """Result of one step, as a residue."""
-    if op == "+":
-        return (value + operand) % modulus
-    if op == "-":
-        return (value - operand) % modulus
-    return (value * operand) % modulus
-
-
-def run_chain(start: int, steps: Sequence[Step], modulus: int) -> list[int]:
-    """Values after each step (``len(steps)`` values, the last one is the answer)."""
-    values, value = [], start
-    for op, operand in steps:
-        value = apply_op(value, op, operand, modulus)
-        values.append(value)
-    return values
-
-
-def problem_text(start: int, steps: Sequence[Step], modulus: int) -> str:
-    """Problem statement, e.g. ``"Start at 7, add 5, times 3, minus 4. Work mod 10."``."""
-    parts = [f"Start at {start}"] + [f"{OP_WORDS[op]} {operand}" for op, operand in steps]
-    return f"{', '.join(parts)}. Work mod {modulus}."
-
-
-def solution_text(start: int, steps: Sequence[Step], results: Sequence[int]) -> str:
-    """Solution line from the results actually written, e.g. ``"7 + 5 = 2, 2 * 3 = 6. \\boxed{6}"``.
-
-    Each equation starts from the previous written result, so a wrong result propagates.
-    """
-    equations, left = [], start
-    for (op, operand), result in zip(steps, results, strict=True):
-        equations.append(f"{left} {op} {operand} = {result}")
-        left = result
-    return f"{', '.join(equations)}. \\boxed{{{results[-1]}}}"
-
-
-_WORD_OPS = {word: op for op, word in OP_WORDS.items()}
-_PROBLEM_RE = re.compile(r"Start at (\d+)((?:\s*,\s*(?:add|minus|times)\s+\d+)+)\s*\.\s*Work mod (\d+)\s*\.")
-_STEP_RE = re.compile(r"(add|minus|times)\s+(\d+)")
-
-
-def parse_problem(problem: str) -> tuple[int, list[Step], int] | None:
-    """(start, steps, modulus) of a problem text; ``None`` if it is not a synthetic problem."""
-    match = _PROBLEM_RE.fullmatch(problem.strip()) if isinstance(problem, str) else None
-    if match is None:
-        return None
-    modulus = int(match.group(3))
-    if modulus < 1:
-        return None
-    steps = [(_WORD_OPS[word], int(operand)) for word, operand in _STEP_RE.findall(match.group(2))]
-    return int(match.group(1)), steps, modulus
-
-
-def solve(problem: str) -> str | None:
-    """Recompute the answer of a problem text; ``None`` if it is not a synthetic problem."""
-    parsed = parse_problem(problem)
-    return None if parsed is None else str(run_chain(*parsed)[-1])
-
-
-# The value a step starts from is optional: thinking lines may hold the step alone ("* 4 = 4").
-_EQUATION = re.compile(r"(\d+\s*)?([-+*])\s*(\d+)\s*=\s*(\d+)")
-
-
-def culprit(problem: str, completion: str) -> tuple[str, int] | None:
-    """The culprit of a wrong trace, its first wrong step: (``"thinking"`` or ``"answer"``, character
-    offset in the completion) of where the trace goes wrong, or None when the problem is not
-    synthetic or the final answer is right. The offset is that of the wrong value in the thinking
-    line that set it, or of the exit string that opens the final solution.
-
-    The final answer inherits its error from the first wrong value of the final solution. When the
-    thinking kept that same wrong value for that step, the solution copied it: the culprit is the
-    thinking line that set it. Otherwise the solution went wrong on its own (a slip in copying, or in
-    a step it computed itself; a thinking error it did not copy did not matter): the culprit is the
-    answer segment. Without a final solution the first wrong kept value of the thinking is taken.
-    """
-    parsed = parse_problem(problem)
-    if parsed is None:
-        return None
-    start, steps, modulus = parsed
-    truth = run_chain(start, steps, modulus)
-    end = completion.find(THINK_END.strip())
-    thinking = completion if end < 0 else completion[:end]
-    # (value, offset where the thinking wrote it) per kept step
-    kept = [(value, start) for value, start, _ in _kept_values(thinking)]
-    final = completion[end:] if end >= 0 else ""
-    if grade(final, str(truth[-1])):  # the run's own grading: the reward and the culprit agree
-        return None
-    written = [int(m.group(4)) for m in _EQUATION.finditer(final)]
-    wrong = next((i for i, (v, t) in enumerate(zip(written, truth, strict=False)) if v != t), None)
-    if wrong is not None:
-        if wrong < len(kept) and kept[wrong][0] == written[wrong]:
-            return "thinking", kept[wrong][1]
-        return "answer", end
-    first = next((at for (v, at), t in zip(kept, truth, strict=False) if v != t), None)
-    if first is not None and not written:
-        return "thinking", first
-    return ("answer", end) if end >= 0 else None
-
-
-def culprit_offset(row: Mapping[str, Any], completion: str) -> int | None:
-    """Where a completion of ``row["problem"]`` first goes wrong (character offset; None: it is
-    right): the knowledge behind the ``oracle`` credit method (``RREDCoTTrainer(culprit=...)``)."""
-    problem = row.get("problem")
-    if parse_problem(problem) is None:
-        raise ValueError(
-            f"oracle credit needs the synthetic task, whose every step can be checked; row "
-            f"{row.get('id')!r} has problem {problem!r}"
-        )
-    found = culprit(problem, completion)
-    return None if found is None else found[1]
-
-
-def _kept_values(thinking: str) -> list[tuple[int, int, int]]:
-    """(value, character offset where it starts, offset just past it) of each step the thinking keeps,
-    in order: a line's ``= value`` is one step, a ``Wait`` line revises the step before it."""
-    kept: list[tuple[int, int, int]] = []
-    offset = 0
-    for line in thinking.split("\n"):
-        match = _EQUATION.search(line)
-        if match is not None:
-            entry = (int(match.group(4)), offset + match.start(4), offset + match.end(4))
-            if line.lstrip().startswith("Wait") and kept:
-                kept[-1] = entry  # a revision of the step just written
-            else:
-                kept.append(entry)
-        offset += len(line) + 1
-    return kept
-
-
-def step_errors(problem: str, completion: str) -> tuple[int, int]:
-    """(slips, steps) of a completion's thinking: each kept step whose value is not the step applied to
-    the value kept before it (the start for the first). A slip is judged locally, so a step computed
-    right from a wrong value counts as right: this is the rate at which the writer slips, not the
-    share of wrong values. (0, 0) for a problem that is not synthetic."""
-    parsed = parse_problem(problem)
-    if parsed is None:
-        return 0, 0
-    start, steps, modulus = parsed
-    end = completion.find(THINK_END.strip())
-    kept = _kept_values(completion if end < 0 else completion[:end])[: len(steps)]
-    slips, value = 0, start
-    for (written, _, _), (op, operand) in zip(kept, steps, strict=False):
-        slips += written != apply_op(value, op, operand, modulus)
-        value = written
-    return slips, len(kept)
-
-
-def chain_value(value: int, steps: Sequence[Step], answer: int, modulus: int, slip_rate: float) -> float:
-    """Probability that a chain standing at ``value`` ends at ``answer`` after ``steps``, when each step
-    is computed right with probability ``1 - slip_rate`` and otherwise lands on any other residue alike.
-
-    Exact, by carrying the distribution of the running value through the steps: a wrong value is not
-    always lost (``times 5`` sends half of the residues mod 10 to the same one), which this counts."""
-    if not 0.0 <= slip_rate <= 1.0:
-        raise ValueError(f"slip rate must lie in [0, 1], got {slip_rate}")
-    dist = [0.0] * modulus
-    dist[value % modulus] = 1.0
-    other = slip_rate / (modulus - 1) if modulus > 1 else 0.0
-    for op, operand in steps:
-        nxt = [0.0] * modulus
-        for residue, p in enumerate(dist):
-            if p == 0.0:
-                continue
-            right = apply_op(residue, op, operand, modulus)
-            for target in range(modulus):
-                nxt[target] += p * ((1.0 - slip_rate) if target == right else other)
-        dist = nxt
-    return dist[answer % modulus]
-
-
-def exact_values(problem: str, completion: str, offsets: Sequence[int], slip_rate: float) -> list[float]:
-    """The value of a completion at each character offset (an exit point): the probability that its
-    final answer comes out right when, from there on, every step not yet kept by the thinking is
-    computed (in more thinking or in the final solution) with ``slip_rate`` (``chain_value``) and the
-    final solution copies the kept values faithfully.
-
-    The state at an offset is the last value the thinking kept before it (the start when none) and the
-    steps left after it, which the task knows exactly; no sampling is involved. At the model's own exit
-    with every step kept, the value is 1 for a right last value and 0 for a wrong one (up to the slips
-    that remain), so the final solution's own slips are the answer segment's."""
-    parsed = parse_problem(problem)
-    if parsed is None:
-        raise ValueError(
-            f"exact values need the synthetic task, whose every step can be checked; got {problem!r}"
-        )
-    start, steps, modulus = parsed
-    answer = run_chain(start, steps, modulus)[-1]
-    end = completion.find(THINK_END.strip())
-    kept = _kept_values(completion if end < 0 else completion[:end])[: len(steps)]
-    values = []
-    for offset in offsets:
-        done = [v for v, _, at in kept if at <= offset]
-        value = done[-1] if done else start
-        values.append(chain_value(value, steps[len(done) :], answer, modulus, slip_rate))
-    return values
-
-
-def batch_slip_rate(problems: Sequence[str], completions: Sequence[str]) -> float:
-    """The slip rate of a batch of completions: its slips over its kept steps (``step_errors``), with
-    one slip and one right step added (Laplace's rule), so the rate stays inside (0, 1) and follows the
-    policy as training lowers its slips."""
-    counts = [step_errors(p, c) for p, c in zip(problems, completions, strict=True)]
-    return (sum(c[0] for c in counts) + 1) / (sum(c[1] for c in counts) + 2)
-
-
-def exact_value_functions(
-    rows: Sequence[Mapping[str, Any]], completions: Sequence[str]
-) -> list[Callable[[Sequence[int]], list[float]]]:
-    """Per completion of a batch (``rows[i]["problem"]``, ``completions[i]``), the function from
-    character offsets to its ``exact_values`` at the batch's own slip rate (``batch_slip_rate``): the
-    knowledge behind the ``exact`` credit method (``RREDCoTTrainer(task_values=...)``)."""
-    problems = [str(row.get("problem")) for row in rows]
-    for row, problem in zip(rows, problems, strict=True):
-        if parse_problem(problem) is None:
-            raise ValueError(
-                f"exact credit needs the synthetic task, whose every step can be checked; row "
-                f"{row.get('id')!r} has problem {problem!r}"
-            )
-    rate = batch_slip_rate(problems, completions)
-    return [
-        functools.partial(lambda p, c, offsets: exact_values(p, c, offsets, rate), p, c)
-        for p, c in zip(problems, completions, strict=True)
-    ]
 
 
 def _wrong_residue(rng: random.Random, correct: int, modulus: int) -> int:
@@ -621,56 +394,3 @@ def summarize(splits: dict[str, list[dict[str, Any]]]) -> str:
     noise = Counter(row["noise"] for rows in splits.values() for row in rows if row["noise"])
     lines.append("label noise: " + (", ".join(f"{k}={v}" for k, v in sorted(noise.items())) or "none"))
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """CLI: write ``sft.jsonl``, ``rl.jsonl`` and ``test.jsonl`` to ``--out-dir`` and print a summary."""
-    defaults = TaskConfig()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out-dir", required=True, type=Path)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--modulus", type=int, default=defaults.modulus)
-    parser.add_argument("--levels", type=int, nargs="+", default=defaults.levels)
-    parser.add_argument("--ops", nargs="+", default=defaults.ops, choices=sorted(OP_WORDS))
-    parser.add_argument("--teacher-error-rate", type=float, default=defaults.teacher_error_rate)
-    parser.add_argument("--teacher-misconceptions", type=float, default=defaults.teacher_misconceptions)
-    parser.add_argument("--misconception-rate", type=float, default=defaults.misconception_rate)
-    parser.add_argument("--teacher-fix-rate", type=float, default=defaults.teacher_fix_rate)
-    parser.add_argument("--teacher-early-exit-rate", type=float, default=defaults.teacher_early_exit_rate)
-    parser.add_argument("--sft-exit-rows", type=float, default=defaults.sft_exit_rows)
-    parser.add_argument(
-        "--restate-value",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.restate_value,
-        help="thinking lines restate the value their step starts from (--no-restate-value: the step alone)",
-    )
-    parser.add_argument("--n-sft", type=int, default=defaults.n_sft)
-    parser.add_argument("--n-rl", type=int, default=defaults.n_rl)
-    parser.add_argument("--n-test", type=int, default=defaults.n_test)
-    parser.add_argument("--label-noise", type=float, default=defaults.label_noise)
-    args = parser.parse_args(argv)
-    cfg = TaskConfig(
-        modulus=args.modulus,
-        levels=args.levels,
-        ops=args.ops,
-        teacher_error_rate=args.teacher_error_rate,
-        teacher_misconceptions=args.teacher_misconceptions,
-        misconception_rate=args.misconception_rate,
-        teacher_fix_rate=args.teacher_fix_rate,
-        teacher_early_exit_rate=args.teacher_early_exit_rate,
-        sft_exit_rows=args.sft_exit_rows,
-        restate_value=args.restate_value,
-        n_sft=args.n_sft,
-        n_rl=args.n_rl,
-        n_test=args.n_test,
-        label_noise=args.label_noise,
-        seed=args.seed,
-    )
-    splits = generate_splits(cfg)
-    for split, rows in splits.items():
-        write_jsonl(args.out_dir / f"{split}.jsonl", rows)
-    print(summarize(splits))
-
-
-if __name__ == "__main__":
-    main()
