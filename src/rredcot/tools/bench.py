@@ -18,7 +18,7 @@ training-step time per arm from a workflow run (TRL's ``step_time`` in each ``me
 Every credit setting is the config's, so the σ timed is the σ training computes on these traces; only
 the number of exit points is the batch's: ``--exits`` sets the segmentation's target (``n_segments``
 = exits - 1, per trace, in place of ``tokens_per_segment``). The traces are word-level texts of a
-tokenizer of the model's vocabulary (:func:`rredcot.tools.gpu_check.word_tokenizer`): a prompt,
+tokenizer of the model's vocabulary (:func:`rredcot.tools.credit_batches.word_tokenizer`): a prompt,
 thinking lines with a newline about every quarter of a segment, the exit string, a final solution
 and its boxed answer, half of them with a positive advantage and half with a negative one.
 
@@ -44,12 +44,12 @@ import torch
 
 from rredcot.infra.io import write_json
 from rredcot.infra.logs import setup_logging
-from rredcot.lm.modeling import load_model, random_qwen2, set_threads
+from rredcot.lm.modeling import load_model, qwen2_shape, random_model, set_threads
 from rredcot.method.assign import CreditAssigner, TraceCredit
 from rredcot.method.registry import TraceInput
 from rredcot.method.settings import CreditConfig
 from rredcot.settings.config import credit_config, load_config
-from rredcot.tools.gpu_check import (
+from rredcot.tools.credit_batches import (
     batch_credit,
     credit_agreement,
     suffix_tokens,
@@ -75,7 +75,7 @@ def make_model(args: argparse.Namespace) -> torch.nn.Module:
     if args.model:
         return load_model(args.model, "float32").eval()  # float32, as the random model
     max_positions = 4 * (args.prompt + args.length + args.suffix)
-    return random_qwen2(args.vocab, args.hidden, args.layers, args.heads, max_positions)
+    return random_model(qwen2_shape(args.hidden, args.layers, args.heads), args.vocab, max_positions)
 
 
 @dataclass

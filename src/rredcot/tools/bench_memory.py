@@ -36,13 +36,13 @@ from typing import Any
 
 from rredcot.infra.logs import setup_logging
 from rredcot.infra.memory import PeakRSS
-from rredcot.lm.modeling import random_qwen2
+from rredcot.lm.modeling import qwen2_shape, random_model
 
 PASSES = ("single_pass", "greedy_baseline", "entropies", "naive")
 
 
 def _model(args: argparse.Namespace) -> Any:
-    return random_qwen2(args.vocab, args.hidden, args.layers, args.heads, args.max_length + 1024)
+    return random_model(qwen2_shape(args.hidden, args.layers, args.heads), args.vocab, args.max_length + 1024)
 
 
 def _budget(args: argparse.Namespace) -> Any:
