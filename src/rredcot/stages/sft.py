@@ -30,17 +30,8 @@ from rredcot.adapter.distributed import process_state, save_model_whole
 from rredcot.data.records import sft_records
 from rredcot.infra.io import read_jsonl
 from rredcot.infra.logs import setup_logging
-from rredcot.infra.resume import (
-    SAVE_TOTAL_LIMIT,
-    RunLogger,
-    StopOnSignal,
-    checkpoint_step,
-    discard,
-    fingerprint,
-    prepare_shared,
-    record,
-    stop_on_signal,
-)
+from rredcot.infra.resumable import resumable_job
+from rredcot.infra.resume import SAVE_TOTAL_LIMIT, RunLogger, StopOnSignal, checkpoint_step
 from rredcot.lm.modeling import (
     build_scratch_model,
     load_model,
@@ -183,8 +174,6 @@ def run_sft(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.infra.tracking import stage_run
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
     ap.add_argument("--data", required=True, help="SFT split (JSONL with problem and completion)")
@@ -197,36 +186,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     cfg = stage_config(args.config, "sft")
     set_threads(cfg["threads"]["sft"])
     state = process_state()
-    main_process = state.is_main_process
     checkpoints = Path(args.checkpoint_dir or Path(cfg["results_dir"]) / "checkpoints" / "sft")
-    digest = fingerprint(job_settings(cfg), [args.data])
-    s = cfg["sft"]
-    start = prepare_shared(state, checkpoints, digest, s["resume"] and s["save_every"] > 0, "sft")
-    if start.checkpoint and main_process:
-        _log.info(f"resuming from {start.checkpoint.name}")
-    # SLURM's signal before preemption or the time limit stops the job at a checkpoint (exit 75).
-    with (
-        stop_on_signal(save=s["save_every"] > 0) as stop,
-        stage_run(
-            cfg,
-            "sft",
-            rule="sft",
-            params={"model": cfg["model"], "sft": cfg["sft"], "data": args.data},
-            tags=start.tags,
-            resume=start.run_id,
-            journal=start.journal,
-            active=main_process,
-        ) as run,
-    ):
-        if main_process and s["save_every"] > 0:
-            record(checkpoints, digest, run.run_id, run.journal_id)
-        summary = run_sft(cfg, args.data, Path(args.out), run, checkpoints, start.checkpoint, stop)
-        if main_process:
-            run.log_metrics(summary)
+    with resumable_job(
+        cfg,
+        state,
+        checkpoints,
+        job_settings(cfg),
+        [args.data],
+        rule="sft",
+        name="sft",
+        resume=cfg["sft"]["resume"],
+        save_every=cfg["sft"]["save_every"],
+        log=_log,
+        params={"model": cfg["model"], "sft": cfg["sft"], "data": args.data},
+    ) as job:
+        summary = run_sft(cfg, args.data, Path(args.out), job.run, checkpoints, job.resume_from, job.stop)
+        if state.is_main_process:
+            job.run.log_metrics(summary)
             _log.info(f"{summary}")
-    state.wait_for_everyone()
-    if main_process:
-        discard(checkpoints)  # only now: a kill before this point resumes at the last step
 
 
 if __name__ == "__main__":

@@ -39,16 +39,8 @@ from rredcot.adapter.probe import probe_accuracy, probe_engine, probe_settings
 from rredcot.adapter.trainer import RREDCoTTrainer
 from rredcot.infra.io import atomic_path, read_jsonl
 from rredcot.infra.logs import setup_logging
-from rredcot.infra.resume import (
-    RunLogger,
-    StopOnSignal,
-    checkpoint_step,
-    discard,
-    fingerprint,
-    prepare_shared,
-    record,
-    stop_on_signal,
-)
+from rredcot.infra.resumable import resumable_job
+from rredcot.infra.resume import RunLogger, StopOnSignal, checkpoint_step
 from rredcot.lm.modeling import load_tokenizer, set_threads
 from rredcot.lm.vllm_engine import prepare_engine
 from rredcot.settings.config import ConfigError, arm_label, credit_settings
@@ -277,8 +269,6 @@ def train(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from rredcot.infra.tracking import stage_run
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", nargs="+", required=True, help="config YAML file(s), later ones override")
     ap.add_argument("--arm", required=True, help="arm name from the config's arms section")
@@ -299,15 +289,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(str(exc)) from None
     set_threads(cfg["threads"]["train"])
     state = process_state()  # one process, or this job's share of an `accelerate launch`
-    main_process = state.is_main_process
     out = Path(args.out)
     checkpoints = Path(args.checkpoint_dir or default_checkpoint_dir(cfg, args.arm, args.seed))
-    digest = fingerprint(job_settings(cfg, args.arm, args.seed), [args.model, args.data, args.eval_data])
-    rl = cfg["rl"]
-    # The main process decides where to start (it may delete stale checkpoints); the others follow.
-    start = prepare_shared(state, checkpoints, digest, rl["resume"] and rl["save_every"] > 0, "train")
-    if start.checkpoint and main_process:
-        _log.info(f"resuming from {start.checkpoint.name}")
     params = {
         "arm": cfg["arms"][args.arm],
         "rl": cfg["rl"],
@@ -323,28 +306,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         "rredcot.credit_method": arm_cfg["credit"],
         "rredcot.loss_type": arm_cfg["loss_type"],
         "rredcot.arm_label": arm_label(cfg, args.arm),
-        **start.tags,
     }
-    # SLURM's signal before preemption or the time limit stops the job at a checkpoint (exit 75).
-    with (
-        stop_on_signal(save=rl["save_every"] > 0) as stop,
-        stage_run(
-            cfg,
-            f"train-{args.arm}-s{args.seed}",
-            rule="train",
-            arm=args.arm,
-            seed=args.seed,
-            params=params,
-            tags=tags,
-            resume=start.run_id,
-            journal=start.journal,
-            active=main_process,
-        ) as run,
-    ):
-        if main_process:
+    with resumable_job(
+        cfg,
+        state,
+        checkpoints,
+        job_settings(cfg, args.arm, args.seed),
+        [args.model, args.data, args.eval_data],
+        rule="train",
+        name=f"train-{args.arm}-s{args.seed}",
+        resume=cfg["rl"]["resume"],
+        save_every=cfg["rl"]["save_every"],
+        log=_log,
+        tags=tags,
+        arm=args.arm,
+        seed=args.seed,
+        params=params,
+    ) as job:
+        if state.is_main_process:
             out.mkdir(parents=True, exist_ok=True)
-            if rl["save_every"] > 0:
-                record(checkpoints, digest, run.run_id, run.journal_id)
         summary = train(
             cfg,
             args.arm,
@@ -353,19 +333,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.data,
             args.eval_data,
             out,
-            run,
+            job.run,
             checkpoints,
-            start.checkpoint,
-            stop,
+            job.resume_from,
+            job.stop,
         )
-        if main_process:
-            run.log_metrics(summary)
-            run.log_artifact(out / "curve.csv")
-            run.log_artifact(out / "metrics.jsonl")
+        if state.is_main_process:
+            job.run.log_metrics(summary)
+            job.run.log_artifact(out / "curve.csv")
+            job.run.log_artifact(out / "metrics.jsonl")
             _log.info(f"{args.arm} seed {args.seed}: {summary}")
-    state.wait_for_everyone()
-    if main_process:
-        discard(checkpoints)  # only now: a kill before this point resumes at the last step
 
 
 if __name__ == "__main__":
