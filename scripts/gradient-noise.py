@@ -102,7 +102,7 @@ def main() -> None:
     cfg = load_config(args.config)
     credits = {arm: credit_config(cfg, arm) for arm in args.arms}
     for arm, credit in credits.items():
-        if credit.kind.needs_rollouts:
+        if "rollouts" in credit.kind.needs:
             ap.error(f"arm {arm!r} needs Monte Carlo rollouts, which only the trainer samples")
     tok, model = load_tokenizer(args.model), load_model(args.model, "float32")  # as training holds it
     rows = [json.loads(line) for line in open(args.data)]

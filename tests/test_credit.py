@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import math
+import pkgutil
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,14 +19,12 @@ from rredcot.method.credit import (
     entropy_multiplier,
     exit_log_values,
     pr_log_value,
-    pr_value,
     segment_rewards,
     token_entropies,
     token_multiplier,
-    token_sigma,
     value_rewards,
 )
-from rredcot.method.registry import CREDIT_METHODS, credit_multiplier
+from rredcot.method.registry import CREDIT_METHODS, NEEDS, credit_multiplier
 
 FAST = settings(max_examples=200, deadline=None)
 
@@ -39,13 +41,12 @@ def _worked_example() -> tuple[torch.Tensor, ...]:
     return log_p_solution, log_p_answer, log_q, utility
 
 
-def test_pr_value_worked_example() -> None:
+def test_pr_log_value_worked_example() -> None:
     args = _worked_example()
-    assert pr_value(*args).item() == pytest.approx(0.3, rel=1e-6)
     assert pr_log_value(*args).item() == pytest.approx(math.log(0.3), rel=1e-6)
 
 
-def test_pr_value_survives_tiny_probabilities() -> None:
+def test_pr_log_value_survives_tiny_probabilities() -> None:
     # Whole-solution probabilities of e^-2000 underflow any float; the log value must not.
     log_p_solution = torch.tensor([-2000.0, -2001.0])
     log_v = pr_log_value(log_p_solution, torch.zeros(2), torch.zeros(2), torch.ones(2))
@@ -53,25 +54,24 @@ def test_pr_value_survives_tiny_probabilities() -> None:
     assert log_v.item() == pytest.approx(expected.item(), rel=1e-12)
 
 
-def test_pr_value_broadcasts_over_exit_points() -> None:
+def test_pr_log_value_broadcasts_over_exit_points() -> None:
     log_p_solution, log_p_answer, log_q, utility = _worked_example()
     # Three exit points: the worked example, the same shifted by log 2, and all pairs useless.
     lps = torch.stack([log_p_solution, log_p_solution + math.log(0.5), torch.full((2,), -math.inf)])
-    values = pr_value(lps, log_p_answer, log_q, utility)  # [3, 2] with [2]
+    values = pr_log_value(lps, log_p_answer, log_q, utility).exp()  # [3, 2] with [2]
     assert values.shape == (3,)
     torch.testing.assert_close(values, torch.tensor([0.3, 0.15, 0.0], dtype=torch.float64))
 
 
-def test_pr_value_all_zero_utility() -> None:
+def test_pr_log_value_all_zero_utility() -> None:
     log_p_solution, log_p_answer, log_q, _ = _worked_example()
     # A zero-utility pair with log p = -inf must not produce NaN (-inf - -inf) either.
     log_p_solution = torch.tensor([-math.inf, -3.0])
     zero = torch.zeros(2)
     assert pr_log_value(log_p_solution, log_p_answer, log_q, zero).item() == -math.inf
-    assert pr_value(log_p_solution, log_p_answer, log_q, zero).item() == 0.0
 
 
-def test_pr_value_rejects_negative_utility() -> None:
+def test_pr_log_value_rejects_negative_utility() -> None:
     with pytest.raises(ValueError):
         pr_log_value(torch.zeros(2), torch.zeros(2), torch.zeros(2), torch.tensor([1.0, -1.0]))
 
@@ -195,16 +195,14 @@ def _traces(draw: st.DrawFn) -> dict:
 @FAST
 @given(_traces())
 def test_sigma_is_a_distribution_over_tokens(trace: dict) -> None:
-    sigma = token_sigma(**trace)
-    multiplier = token_multiplier(**trace)
+    multiplier = token_multiplier(**trace)  # σ·|o|
     mask = trace["segment_ids"] >= 0
     n_tokens = int(mask.sum())
-    assert sigma.shape == mask.shape and sigma.dtype == torch.float32
-    assert torch.isfinite(sigma).all() and (sigma >= 0).all()
-    assert (sigma[~mask] == 0).all() and (multiplier[~mask] == 0).all()
+    assert multiplier.shape == mask.shape and multiplier.dtype == torch.float32
+    assert torch.isfinite(multiplier).all() and (multiplier >= 0).all()
+    assert (multiplier[~mask] == 0).all()
     if n_tokens:
-        assert sigma[mask].sum().item() == pytest.approx(1.0, abs=1e-5)
-        torch.testing.assert_close(sigma * n_tokens, multiplier)
+        assert (multiplier[mask] / n_tokens).sum().item() == pytest.approx(1.0, abs=1e-5)
 
 
 @FAST
@@ -219,9 +217,6 @@ def test_uniform_credit_is_exactly_grpo(trace: dict) -> None:
     for variant in variants:
         multiplier = token_multiplier(**variant)
         assert torch.equal(multiplier, mask.to(torch.float32))
-        n_tokens = int(mask.sum())
-        if n_tokens:
-            assert torch.equal(token_sigma(**variant)[mask], torch.ones(n_tokens) / n_tokens)
 
 
 def test_sigma_uniform_when_signs_disagree() -> None:
@@ -234,7 +229,8 @@ def test_sigma_uniform_when_signs_disagree() -> None:
 def test_sigma_credits_the_right_segment() -> None:
     ids = torch.tensor([0, 0, 1, 1, 1, 2, 2, -1, -1])
     rewards = torch.tensor([0.5, 2.0, -1.5])
-    sigma = token_sigma(ids, rewards, advantage=1.0, mix=1.0)
+    n_tokens = 7
+    sigma = token_multiplier(ids, rewards, advantage=1.0, mix=1.0) / n_tokens
     per_segment = torch.stack([sigma[ids == k].sum() for k in range(3)])
     assert per_segment.argmax().item() == 1
     torch.testing.assert_close(per_segment, torch.tensor([0.2, 0.8, 0.0]))
@@ -242,13 +238,13 @@ def test_sigma_credits_the_right_segment() -> None:
     torch.testing.assert_close(sigma[2:5], torch.full((3,), 0.8 / 3))
 
     # A failed trace: the segment that lowered the value most takes the most blame.
-    sigma = token_sigma(ids, rewards, advantage=-0.7, mix=1.0)
+    sigma = token_multiplier(ids, rewards, advantage=-0.7, mix=1.0) / n_tokens
     per_segment = torch.stack([sigma[ids == k].sum() for k in range(3)])
     assert per_segment.argmax().item() == 2
     torch.testing.assert_close(per_segment, torch.tensor([0.0, 0.0, 1.0]))
 
     # Mixing with uniform: σ = (1-λ)/|o| + λ·w_k/n_k.
-    sigma = token_sigma(ids, rewards, advantage=torch.tensor(2.0), mix=0.25)
+    sigma = token_multiplier(ids, rewards, advantage=torch.tensor(2.0), mix=0.25) / n_tokens
     expected = torch.tensor(
         [0.75 / 7 + 0.25 * 0.2 / 2] * 2 + [0.75 / 7 + 0.25 * 0.8 / 3] * 3 + [0.75 / 7] * 2
     )
@@ -259,7 +255,7 @@ def test_sigma_token_weights() -> None:
     ids = torch.tensor([0, 0, 1, 1, -1])
     rewards = torch.tensor([1.0, 3.0])
     weights = torch.tensor([1.0, 3.0, 0.0, 0.0, 5.0])
-    sigma = token_sigma(ids, rewards, advantage=1.0, mix=1.0, token_weights=weights)
+    sigma = token_multiplier(ids, rewards, advantage=1.0, mix=1.0, token_weights=weights) / 4
     # Segment 0 split 1:3 by weight; segment 1 has zero weights and falls back to uniform.
     torch.testing.assert_close(sigma, torch.tensor([0.25 * 0.25, 0.25 * 0.75, 0.375, 0.375, 0.0]))
 
@@ -267,22 +263,23 @@ def test_sigma_token_weights() -> None:
 def test_sigma_ignores_segments_without_tokens() -> None:
     # Segment 1 is absent (e.g. truncated away); its reward cannot be paid out to any token.
     ids = torch.tensor([0, 0, 2, 2])
-    sigma = token_sigma(ids, torch.tensor([1.0, 5.0, 1.0]), advantage=1.0, mix=1.0)
-    torch.testing.assert_close(sigma, torch.full((4,), 0.25))
+    multiplier = token_multiplier(ids, torch.tensor([1.0, 5.0, 1.0]), advantage=1.0, mix=1.0)
+    torch.testing.assert_close(multiplier, torch.ones(4))
 
 
 def test_sigma_rejects_bad_input() -> None:
     ids = torch.tensor([0, 1])
     with pytest.raises(ValueError):
-        token_sigma(ids, torch.tensor([1.0, 2.0]), 1.0, mix=1.5)
+        token_multiplier(ids, torch.tensor([1.0, 2.0]), 1.0, mix=1.5)
     with pytest.raises(ValueError):
-        token_sigma(ids, torch.tensor([1.0]), 1.0, 0.5)
+        token_multiplier(ids, torch.tensor([1.0]), 1.0, 0.5)
     with pytest.raises(ValueError):
-        token_sigma(ids, torch.tensor([1.0, math.nan]), 1.0, 0.5)
+        token_multiplier(ids, torch.tensor([1.0, math.nan]), 1.0, 0.5)
 
 
 def test_sigma_all_padding() -> None:
-    assert torch.equal(token_sigma(torch.tensor([-1, -1]), torch.tensor([1.0]), 1.0, 0.5), torch.zeros(2))
+    padding = torch.tensor([-1, -1])
+    assert torch.equal(token_multiplier(padding, torch.tensor([1.0]), 1.0, 0.5), torch.zeros(2))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -386,6 +383,29 @@ def test_credit_methods_reject_missing_inputs() -> None:
         credit_multiplier("rredcot+entropy", 2, 1.0, 0.5, torch.tensor([0, 0]), torch.zeros(1))
     with pytest.raises(ValueError, match="2 entropies for 3 tokens"):
         credit_multiplier("entropy", 3, 1.0, 0.5, entropies=torch.ones(2))
+
+
+def test_every_module_of_the_sources_package_is_imported_by_it() -> None:
+    """A source module that ``rredcot.method.sources`` does not import registers nothing."""
+    import rredcot.method.sources as sources
+
+    modules = {m.name for m in pkgutil.iter_modules(sources.__path__)}
+    tree = ast.parse(Path(sources.__file__).read_text())
+    imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for a in node.names}
+    assert modules, "no source modules found"
+    assert modules <= imported, f"not imported by {sources.__name__}: {sorted(modules - imported)}"
+
+
+def test_what_the_code_asks_a_method_to_need_is_a_registered_need() -> None:
+    """``"culprit" in method.needs`` with a word outside ``NEEDS`` would be False for every method."""
+    root = Path(__file__).resolve().parents[1]
+    asked = {
+        word
+        for folder in ("src", "scripts", "tests")
+        for path in (root / folder).rglob("*.py")
+        for word in re.findall(r'"(\w+)" (?:not )?in [\w.]+\.needs\b', path.read_text())
+    }
+    assert asked and asked <= set(NEEDS), sorted(asked - set(NEEDS))
 
 
 def test_exit_log_values_uniform_proposal_and_utilities() -> None:

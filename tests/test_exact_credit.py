@@ -123,7 +123,7 @@ def test_right_traces_get_credit_where_the_value_rose_and_wrong_ones_blame_the_s
 
 def test_the_method_needs_the_tasks_values_and_the_outcome():
     method = credit_method("exact")
-    assert method.needs_task_values and "outcome" in method.needs and not method.needs_rollouts
+    assert "task_values" in method.needs and "outcome" in method.needs and "rollouts" not in method.needs
 
 
 def test_trainer_needs_the_task_values_and_uses_them(setup):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import configparser
+import dataclasses
 import os
 import re
 import stat
@@ -22,6 +23,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from tracking_server import serve
 
+from rredcot.settings.config import Tracking
 from rredcot.tools.tracking import JOBS_USER, auth_paths, main, prepare_auth, read_env_file
 
 JOBS, RUNS_PER_JOB, STEPS = 4, 3, 10
@@ -45,7 +47,7 @@ while True:
         time.sleep(0.25)
 for k in range(RUNS_PER_JOB):
     with job_run(f"job{job}-run{k}", results_dir=scratch, experiment="server-test", rule="train",
-                 arm=f"arm{job}", seed=k, params={"lr": 0.01 * job, "opt": {"k": k}}) as run:
+                 arm=f"arm{job}", seed=k, params={"lr": 0.01 * job, "opt": {"k": k}}, **TIMEOUTS) as run:
         for step in range(STEPS):
             run.log_metrics({"loss": 1.0 / (step + 1), "job": job}, step=step)
         out = scratch / f"job{job}-run{k}.txt"
@@ -54,6 +56,7 @@ for k in range(RUNS_PER_JOB):
 """
 WORKER = WORKER.replace("RUNS_PER_JOB", str(RUNS_PER_JOB)).replace("STEPS", str(STEPS))
 WORKER = WORKER.replace("HANG_SECONDS", str(HANG_SECONDS))
+WORKER = WORKER.replace("TIMEOUTS", repr(dataclasses.asdict(Tracking())))  # the config's default timeouts
 
 
 def test_print_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

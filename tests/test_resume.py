@@ -8,6 +8,7 @@ command again.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -58,10 +59,11 @@ from rredcot.infra.tracking import (
     start_journal,
     tracking_uri,
 )
-from rredcot.settings.config import load_config
+from rredcot.settings.config import Tracking, load_config
 
 MAX_STEPS = 12
 SAVE_EVERY = 2
+TIMEOUTS = dataclasses.asdict(Tracking())  # job_run without a config: the config's default timeouts
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +139,13 @@ KILLED_JOB = """
 import os, sys
 from rredcot.infra.tracking import job_run
 
-run = job_run("job", results_dir=sys.argv[1], experiment="exp", rule="train", params={"rl": {"lr": 1}})
+run = job_run("job", results_dir=sys.argv[1], experiment="exp", rule="train", params={"rl": {"lr": 1}},
+              **TIMEOUTS)
 first = run.__enter__()
 first.log_metrics({"loss": 1.0}, step=1)
 print(first.run_id, first.journal_id, flush=True)
 os._exit(0)
-"""
+""".replace("TIMEOUTS", repr(TIMEOUTS))
 
 
 def test_job_run_continues_the_run_of_a_killed_attempt(
@@ -157,7 +160,7 @@ def test_job_run_continues_the_run_of_a_killed_attempt(
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv(INVOCATION_ENV, "inv-2")
-    kw = {"results_dir": tmp_path, "experiment": "exp", "rule": "train"}
+    kw = {"results_dir": tmp_path, "experiment": "exp", "rule": "train", **TIMEOUTS}
     with job_run("job", **kw, params={"rl": {"lr": 1, "new": 2}}, resume=first, journal=journal) as again:
         again.log_metrics({"loss": 0.5}, step=2)
     run = client.get_run(first)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -31,10 +32,12 @@ from rredcot.infra.tracking import (
     retry,
     tracking_uri,
 )
+from rredcot.settings.config import Tracking
 from rredcot.tools.launch import free_port
 from rredcot.tools.tracking import main, runs_url, runs_view_tag
 
 STEPS = 30
+TIMEOUTS = dataclasses.asdict(Tracking())  # job_run without a config: the config's default timeouts
 # A job process: signal readiness, wait for the common start signal (so that all processes hit the
 # fresh store at the same moment), then log params, a metric history and an artifact.
 WORKER = """
@@ -48,13 +51,13 @@ while not go.exists():
     time.sleep(0.01)
 params = {"opt": {"lr": 0.001, "betas": [0.9, 0.99]}, "job": i}
 with job_run(f"job-{i}", results_dir=results, experiment="exp", rule="train_grpo",
-             arm=f"arm{i % 2}", seed=i, params=params, tags={"extra": "x"}) as run:
+             arm=f"arm{i % 2}", seed=i, params=params, tags={"extra": "x"}, **TIMEOUTS) as run:
     for step in range(STEPS):
         run.log_metrics({"loss": 1.0 / (step + 1), "nan": float("nan"), "text": "n/a"}, step=step)
     out = results / f"out-{i}.txt"
     out.write_text(str(i))
     run.log_artifact(out, "outputs")
-""".replace("STEPS", str(STEPS))
+""".replace("STEPS", str(STEPS)).replace("TIMEOUTS", repr(TIMEOUTS))
 
 
 @pytest.fixture(scope="module")
@@ -164,10 +167,12 @@ def test_concurrent_jobs_on_fresh_sqlite_store(tmp_path: Path, sqlite_env: dict[
 
 
 def test_failure_marks_run_failed_and_propagates(store: Path, sqlite_env: dict[str, str]) -> None:
-    with job_run("ok", results_dir=store, experiment="failure", rule="sft") as ok:
+    with job_run("ok", results_dir=store, experiment="failure", rule="sft", **TIMEOUTS) as ok:
         ok.log_metrics({"acc": 0.5})
     with pytest.raises(RuntimeError, match="boom"):
-        with job_run("bad", results_dir=store, experiment="failure", rule="sft", params={"x": 1}) as bad:
+        with job_run(
+            "bad", results_dir=store, experiment="failure", rule="sft", params={"x": 1}, **TIMEOUTS
+        ) as bad:
             bad.log_metrics({"loss": 1.0}, step=0)
             raise RuntimeError("boom")
 
@@ -186,7 +191,7 @@ def test_job_run_ignores_fluent_active_run(store: Path, sqlite_env: dict[str, st
     mlflow.set_tracking_uri(tracking_uri(store))
     try:
         with mlflow.start_run() as foreign:
-            with job_run("job", results_dir=store, experiment="fluent", rule="grpo") as run:
+            with job_run("job", results_dir=store, experiment="fluent", rule="grpo", **TIMEOUTS) as run:
                 run.log_metrics({"reward": 0.25}, step=3)
                 run.log_params({"a": {"b": {"c": 1}}})
                 run.set_tags({"note": "hi"})
@@ -245,7 +250,7 @@ def test_uri_invocation_and_params(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert invocation_id() == "abc"
     monkeypatch.setenv(INVOCATION_ENV, "x' or '1'='1")
     with pytest.raises(ValueError, match=INVOCATION_ENV):
-        with job_run("j", results_dir=tmp_path, experiment="e", rule="r"):
+        with job_run("j", results_dir=tmp_path, experiment="e", rule="r", **TIMEOUTS):
             pass
 
     flat = flatten_params({"a": {"b": {"c": 1}, "d": None}, "e": {}, "long": "x" * 10_000})
@@ -283,7 +288,9 @@ def test_cli(store: Path, sqlite_env: dict[str, str], capsys: pytest.CaptureFixt
     missing = store.parent / "no-results"
     assert main(["runs", "--results-dir", str(missing)]) == 1  # no database: say so, create none
     assert not (missing / "mlflow.db").exists()
-    with job_run("eval-s1", results_dir=store, experiment="cli", rule="evaluate", arm="base", seed=1) as run:
+    with job_run(
+        "eval-s1", results_dir=store, experiment="cli", rule="evaluate", arm="base", seed=1, **TIMEOUTS
+    ) as run:
         run.log_metrics({"acc": 0.5, "f1": 0.25})
     capsys.readouterr()
     assert main(["runs", "--results-dir", str(store), "--experiment", "cli"]) == 0
@@ -344,7 +351,10 @@ def test_concurrent_jobs_on_tracking_server(tmp_path: Path, store: Path, sqlite_
             except OSError:
                 pass
             if server.poll() is not None or time.monotonic() > deadline:
-                pytest.skip(f"mlflow server did not start: {(tmp_path / 'server.log').read_text()[-2000:]}")
+                exited = server.poll() is not None
+                why = f"it exited with {server.returncode}" if exited else f"no answer in {HANG_SECONDS} s"
+                log_tail = (tmp_path / "server.log").read_text()[-3000:]
+                pytest.fail(f"the mlflow server at {url} did not start ({why}); its log:\n{log_tail}")
             time.sleep(0.25)
 
     try:

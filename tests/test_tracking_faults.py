@@ -10,6 +10,7 @@ every param, tag and artifact. The unit tests deliver journals to a sqlite store
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import logging
@@ -32,10 +33,8 @@ from tracking_server import stop_server
 from rredcot.infra.journal import Journal, deliver_pending, journals
 from rredcot.infra.resume import is_resumable
 from rredcot.infra.tracking import (
-    FLUSH_TIMEOUT_S,
     INVOCATION_ENV,
     JOURNAL_TAG,
-    REQUEST_TIMEOUT_S,
     JobRun,
     deliver_record,
     job_run,
@@ -128,11 +127,12 @@ def check_store_equals_journal(client: MlflowClient, journal: Journal, tmp: Path
     assert client.get_run(run.data.tags["mlflow.parentRunId"]).info.status == "FINISHED"
 
 
-def test_the_job_timeouts_default_to_the_config() -> None:
-    """``job_run`` called directly (not through a stage's config) waits as a stage would."""
+def test_the_job_timeouts_are_the_configs() -> None:
+    """``job_run`` has no timeouts of its own: its caller passes the config's (``stage_run``) or the
+    config's defaults (``Tracking``), so each default is written once."""
     params = inspect.signature(job_run).parameters
-    assert params["flush_timeout_s"].default == FLUSH_TIMEOUT_S == Tracking().flush_timeout_s
-    assert params["request_timeout_s"].default == REQUEST_TIMEOUT_S == Tracking().request_timeout_s
+    for name in (f.name for f in dataclasses.fields(Tracking)):
+        assert params[name].default is inspect.Parameter.empty, name
 
 
 # ------------------------------------------------------------------------------------- unit tests
@@ -254,7 +254,8 @@ from rredcot.infra.tracking import job_run
 results = Path(sys.argv[1])
 t0 = time.monotonic()
 with job_run("offline", results_dir=results, experiment="faults", rule="evaluate", seed=1,
-             params={"eval": {"n": 50}}, tags={"extra": "x"}, flush_timeout_s=1) as run:
+             params={"eval": {"n": 50}}, tags={"extra": "x"}, flush_timeout_s=1,
+             request_timeout_s=REQUEST_TIMEOUT_S) as run:
     started = time.monotonic() - t0
     for step in range(50):
         run.log_metrics({"loss": 1 / (step + 1), "acc@1": step / 50}, step=step)
@@ -266,7 +267,7 @@ with job_run("offline", results_dir=results, experiment="faults", rule="evaluate
     steps = time.monotonic() - t0 - started
 print(f"started {started:.1f}s logged {steps:.3f}s", os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"],
       os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"])
-"""
+""".replace("REQUEST_TIMEOUT_S", repr(Tracking().request_timeout_s))  # the config's default
 
 
 def test_a_job_started_while_the_server_is_down_runs_and_sync_delivers(

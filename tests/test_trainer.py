@@ -20,7 +20,7 @@ from rredcot.lm.modeling import build_scratch_model, train_tokenizer
 from rredcot.method.assign import CreditAssigner
 from rredcot.method.registry import TraceInput
 from rredcot.method.segmentation import find_text, thinking_end
-from rredcot.settings.config import credit_config, load_config, validate
+from rredcot.settings.config import Tracking, credit_config, load_config, validate
 
 CONFIG = "config/config.yaml"
 
@@ -498,7 +498,10 @@ def test_credit_metrics_reach_mlflow_every_step(setup, tmp_path):
 
     cfg, tok, _, _, _ = setup
     cfg = {**cfg, "rl": {**cfg["rl"], "max_steps": 2}}
-    with job_run("t", results_dir=tmp_path, experiment="x", rule="train", arm="rredcot", seed=0) as run:
+    timeouts = dataclasses.asdict(Tracking())  # the config's default timeouts
+    with job_run(
+        "t", results_dir=tmp_path, experiment="x", rule="train", arm="rredcot", seed=0, **timeouts
+    ) as run:
         callback = CurveCallback(run, tok, [], cfg["prompt"], 0, {}, tmp_path / "metrics.jsonl")
         credit = credit_config(cfg, "rredcot")
         trainer = _trainer(setup, "mlflow", credit, "rredcot", cfg=cfg, callbacks=[callback])

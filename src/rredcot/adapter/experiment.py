@@ -146,9 +146,9 @@ def build_trainer(
         callbacks=list(callbacks),
         credit=credit,
         # Only the synthetic task knows where a trace goes wrong (it raises for any other problem).
-        culprit=culprit_offset if credit.kind.needs_culprits else None,
+        culprit=culprit_offset if "culprit" in credit.kind.needs else None,
         # Monte Carlo values score each rollout with the run's reward (the default one).
         rollout_reward=row_reward if "outcome" in credit.kind.needs else None,
-        task_values=exact_value_functions if credit.kind.needs_task_values else None,
+        task_values=exact_value_functions if "task_values" in credit.kind.needs else None,
         sampling_seed=seed if cfg["rl"]["paired_sampling"] else None,
     )

@@ -101,7 +101,7 @@ class RREDCoTTrainer(GRPOTrainer):
         # (sampling_seed, step, batch of the step, process); see _generate_and_score_completions.
         self.sampling_seed = sampling_seed
         self._generation_batches: dict[int, int] = {}  # step -> generation batches drawn in it
-        if self.credit.kind.needs_culprits and culprit is None:
+        if "culprit" in self.credit.kind.needs and culprit is None:
             raise ValueError(
                 f"credit method {self.credit.method!r} needs culprit=: where each completion first goes "
                 "wrong, which only a task that can check every step knows (the synthetic task)"
@@ -113,7 +113,7 @@ class RREDCoTTrainer(GRPOTrainer):
                 "completion's text for its dataset row, to score the policy rollouts from each exit point"
             )
         self.rollout_reward = rollout_reward
-        if self.credit.kind.needs_task_values and task_values is None:
+        if "task_values" in self.credit.kind.needs and task_values is None:
             raise ValueError(
                 f"credit method {self.credit.method!r} needs task_values=: the values a task computes at "
                 "character offsets of each completion, which only a task that can check every step knows "
@@ -125,7 +125,7 @@ class RREDCoTTrainer(GRPOTrainer):
         self._value_model: torch.nn.Module | None = None
         if not self.credit.kind.uniform:
             check_backend(self.accelerator, self.args.ds3_gather_for_generation)
-        if self.credit.kind.needs_reference_pairs and self.credit.value_model == "reference":
+        if "reference_pairs" in self.credit.kind.needs and self.credit.value_model == "reference":
             # TRL keeps a reference model only when beta > 0; otherwise load a frozen initial policy.
             self._value_model = self.ref_model if self.ref_model is not None else self._frozen_start()
         if not self.credit.kind.uniform and self.loss_type != "grpo":
@@ -276,14 +276,14 @@ class RREDCoTTrainer(GRPOTrainer):
         lengths = completion_mask.sum(dim=1).tolist()
         method = self.credit.kind
         finals = None
-        if method.needs_reference_pairs and self.credit.group_pairs:  # a collective: every process
+        if "reference_pairs" in method.needs and self.credit.group_pairs:  # a collective: every process
             every = [completion_ids[i][: lengths[i]].tolist() for i in range(len(inputs))]
             finals = self._group_finals(
                 inputs, self.processing_class.batch_decode(every, skip_special_tokens=True)
             )
         rows = [i for i in range(len(inputs)) if float(advantages[i]) != 0.0 and lengths[i] > 0]
         values_at = None
-        if method.needs_task_values:  # every completion of the process's batch gives the slip rate
+        if "task_values" in method.needs:  # every completion of the process's batch gives the slip rate
             texts = [
                 self.assigner.completion_text(completion_ids[i][: lengths[i]].tolist())
                 for i in range(len(inputs))
@@ -291,22 +291,22 @@ class RREDCoTTrainer(GRPOTrainer):
             values_at = self.task_values(inputs, texts)  # type: ignore[misc]
         items = []
         for i in rows:
-            item = self._reference_pairs(inputs[i], finals) if method.needs_reference_pairs else None
+            item = self._reference_pairs(inputs[i], finals) if "reference_pairs" in method.needs else None
             item = item or TraceInput([], [], 0.0, [])
             item.prompt_ids = prompt_ids[i][prompt_mask[i].bool()].tolist()
             item.completion_ids = completion_ids[i][: lengths[i]].tolist()
             item.advantage = float(advantages[i])
             # What the method's reward source needs of the task, from the dataset row.
-            if method.needs_culprits:
+            if "culprit" in method.needs:
                 item.culprit = self.culprit(inputs[i], self.assigner.completion_text(item.completion_ids))
-            if method.needs_task_values:
+            if "task_values" in method.needs:
                 item.task_values = values_at[i]
             if "outcome" in method.needs:
                 text = self.processing_class.decode(item.completion_ids, skip_special_tokens=True)
                 item.outcome = self._reward(inputs[i], text)
             items.append(item)
         rollouts = None
-        if method.needs_rollouts:
+        if "rollouts" in method.needs:
             # Sampled as the run samples its completions, each rollout from a random stream of its
             # own: (run seed, step, process) and the trace, exit point and rollout.
             cfg, keys = self.credit.mc, [_row_key(inputs[i]) for i in rows]

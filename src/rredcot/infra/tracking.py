@@ -4,10 +4,10 @@ The store is ``MLFLOW_TRACKING_URI`` when set (e.g. a tracking server on a clust
 ``rredcot tracking server``), otherwise a sqlite database ``<results_dir>/mlflow.db`` with artifacts
 under ``<results_dir>/mlartifacts``.
 
-Every job (a separate process, often several at once) calls :func:`job_run`::
+Every job (a separate process, often several at once) calls :func:`job_run`; a pipeline stage calls
+it through :func:`stage_run`, which takes the store, the experiment and the timeouts from the config::
 
-    with job_run("grpo-rredcot-s1", results_dir="results", experiment="rredcot", rule="train_grpo",
-                 arm="rredcot", seed=1, params=cfg) as run:
+    with stage_run(cfg, "grpo-rredcot-s1", rule="train_grpo", arm="rredcot", seed=1, params=cfg) as run:
         run.log_metrics({"loss": 0.3}, step=10)
 
 Concurrency: sqlite answers "database is locked" when processes write at the same time, and can
@@ -385,10 +385,6 @@ def _reopen(
 
 # -------------------------------------------------------------------------------------- delivery
 JOURNAL_TAG = f"{TAG_PREFIX}journal"
-FLUSH_TIMEOUT_S = 60.0
-"""The config's ``tracking.flush_timeout_s`` default, for jobs that call :func:`job_run` directly."""
-REQUEST_TIMEOUT_S = 10.0
-"""The config's ``tracking.request_timeout_s`` default, likewise."""
 _clients: dict[str, MlflowClient] = {}
 
 
@@ -509,8 +505,8 @@ def job_run(
     seed: int | None = None,
     resume: str | None = None,
     journal: str | None = None,
-    flush_timeout_s: float = FLUSH_TIMEOUT_S,
-    request_timeout_s: float = REQUEST_TIMEOUT_S,
+    flush_timeout_s: float,
+    request_timeout_s: float,
 ) -> Iterator[JobRun]:
     """Run the block as one MLflow run named ``name``, nested under this invocation's parent run.
 
@@ -521,7 +517,9 @@ def job_run(
     the store, and at its end the job waits up to ``flush_timeout_s`` for delivery, then warns what is
     left for ``rredcot tracking sync``. ``journal``: the journal of an earlier attempt of this job,
     continued (its run reopened); ``resume``: the run id of an earlier attempt, reopened if possible
-    when there is no such journal (module docstring).
+    when there is no such journal (module docstring). ``flush_timeout_s`` and ``request_timeout_s``
+    are the config's ``tracking`` settings (:func:`stage_run` passes them; a caller without a config
+    passes the defaults of ``rredcot.settings.config.Tracking``).
     """
     _limit_http_retries(request_timeout_s)
     book = start_journal(

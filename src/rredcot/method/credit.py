@@ -72,17 +72,6 @@ def pr_log_value(
 
 
 @torch.no_grad()
-def pr_value(
-    log_p_solution: Tensor | float,
-    log_p_answer: Tensor | float,
-    log_q: Tensor | float,
-    utility: Tensor | float,
-) -> Tensor:
-    """The PR-style estimate v̂ as a probability (float64); see ``pr_log_value``."""
-    return pr_log_value(log_p_solution, log_p_answer, log_q, utility).exp()
-
-
-@torch.no_grad()
 def segment_rewards(log_values: Tensor) -> Tensor:
     """Segment rewards ``r̂_k = log v̂(exit k+1) - log v̂(exit k)`` from K+1 log values (last dim).
 
@@ -205,24 +194,6 @@ def token_multiplier(
     sigma = (1.0 - mix) / n_tokens + mix * seg_weight[seg] * share
     out[mask] = (sigma * n_tokens).to(torch.float32)
     return out
-
-
-@torch.no_grad()
-def token_sigma(
-    segment_ids: Tensor,
-    segment_rewards: Tensor,
-    advantage: float | Tensor,
-    mix: float,
-    token_weights: Tensor | None = None,
-) -> Tensor:
-    """Token coefficient σ of one trace: ``token_multiplier(...) / |o|``.
-
-    Non-negative, finite, sums to 1 over the non-padding tokens (0 on padding), and exactly
-    ``1/|o|`` when there is nothing to redistribute.
-    """
-    multiplier = token_multiplier(segment_ids, segment_rewards, advantage, mix, token_weights)
-    n_tokens = int((torch.as_tensor(segment_ids) >= 0).sum())
-    return multiplier / max(n_tokens, 1)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -160,27 +160,9 @@ class CreditMethod:
 
     @property
     def needs(self) -> tuple[str, ...]:
+        """What the caller supplies (``NEEDS``; none for uniform credit): ask ``"culprit" in
+        method.needs``, in the words the source was registered with."""
         return () if self.uniform else self.reward_source.needs
-
-    @property
-    def needs_reference_pairs(self) -> bool:
-        """The caller supplies reference (solution, answer) pairs per trace."""
-        return "reference_pairs" in self.needs
-
-    @property
-    def needs_culprits(self) -> bool:
-        """The caller supplies, per trace, where it first goes wrong."""
-        return "culprit" in self.needs
-
-    @property
-    def needs_task_values(self) -> bool:
-        """The caller supplies, per trace, its values at exit points as the task computes them."""
-        return "task_values" in self.needs
-
-    @property
-    def needs_rollouts(self) -> bool:
-        """The caller samples policy rollouts from every exit point and scores their outcomes."""
-        return "rollouts" in self.needs
 
     @torch.no_grad()
     def multiplier(

@@ -677,7 +677,7 @@ class ExperimentConfig:
                 ) from None
         for name in self.run_arms or self.arms:
             method = credit_method(self.arms[name].credit)
-            if (method.needs_culprits or method.needs_task_values) and self.data.kind != "synthetic":
+            if ("culprit" in method.needs or "task_values" in method.needs) and self.data.kind != "synthetic":
                 raise SettingsError(
                     "run_arms",
                     f"arm {name} (credit {self.arms[name].credit}) needs data.kind synthetic: only the "

@@ -315,9 +315,7 @@ def sync(results_dir: str | Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m rredcot.infra.tracking {ui,runs,server} [--results-dir results]``."""
-    parser = argparse.ArgumentParser(
-        prog="rredcot tracking", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="rredcot tracking", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     ui = sub.add_parser("ui", help="start the MLflow UI on the tracking store")
     ui.add_argument("--port", type=int, default=5000)

@@ -7,15 +7,16 @@
 - ``exact``: values the synthetic task computes at the same exit points (``exact``), registered as any
   added method is.
 
-Importing this package registers them (``rredcot.method.registry``), in this order (the order the
-config lists the methods in), then every other module of the package: a new credit method is one
-more module here (docs/library.md, "Adding a credit method").
+Importing this package registers them (``rredcot.method.registry``) in the order of the imports
+below, which is the order the config lists the methods in. A new credit method is one more module
+here and one more import (docs/library.md, "Adding a credit method").
 """
 
-import importlib
-import pkgutil
-
-BUILT_IN = ("token_only", "exit_values", "oracle", "monte_carlo")
-
-for _name in (*BUILT_IN, *sorted({m.name for m in pkgutil.iter_modules(__path__)} - set(BUILT_IN))):
-    importlib.import_module(f"{__name__}.{_name}")
+# The order of registration, not the alphabet:
+# isort: off
+from rredcot.method.sources import token_only  # noqa: F401
+from rredcot.method.sources import exit_values  # noqa: F401
+from rredcot.method.sources import oracle  # noqa: F401
+from rredcot.method.sources import monte_carlo  # noqa: F401
+from rredcot.method.sources import exact  # noqa: F401
+# isort: on
