@@ -138,6 +138,13 @@ def _paired_row(paired: pl.DataFrame, label: str, metric: str, reference: str) -
     return rows[0] if rows else None
 
 
+def accuracy_verdict(low: float | None, high: float | None, not_below: bool) -> tuple[str, str]:
+    """The verdict of an accuracy difference's interval against ``ACCURACY_THRESHOLD``, and its verdict
+    by size: with ``not_below`` the first is non-inferiority, else the two are the same."""
+    by_size = verdict_by_size(low, high, ACCURACY_THRESHOLD)
+    return (verdict_not_below(low, high, ACCURACY_THRESHOLD) if not_below else by_size), by_size
+
+
 def accuracy_claim(
     paired: pl.DataFrame,
     label: str,
@@ -160,7 +167,7 @@ def accuracy_claim(
             f"{note}; " * bool(note) + f"no paired row for {label} against {reference} (arm not run)",
         )
     low, high = finite(row["diff_low"]), finite(row["diff_high"])
-    by_size = verdict_by_size(low, high, ACCURACY_THRESHOLD)
+    verdict, by_size = accuracy_verdict(low, high, not_below)
     if not_below:
         note = f"{note}; judged by size: {by_size}".lstrip("; ")
     return Claim(
@@ -171,7 +178,7 @@ def accuracy_claim(
         finite(row["diff"]),
         low,
         high,
-        verdict_not_below(low, high, ACCURACY_THRESHOLD) if not_below else by_size,
+        verdict,
         source,
         note,
         f"-{ACCURACY_THRESHOLD} accuracy: behind by less than what would choose a method"
@@ -207,7 +214,7 @@ def efficiency_claim(
         f"{float(row[k]):.0f}" if row[k] is not None and math.isfinite(float(row[k])) else "inf"
         for k in ("steps_to_reference", "steps_low", "steps_high")
     ).split()
-    by_size = verdict_by_size(low, high, ACCURACY_THRESHOLD)
+    verdict, by_size = accuracy_verdict(low, high, not_below)
     note = "bootstrap over seeds of each seed's area; inf: not reached within the run"
     return Claim(
         claim,
@@ -217,7 +224,7 @@ def efficiency_claim(
         finite(row["area"]),
         low,
         high,
-        verdict_not_below(low, high, ACCURACY_THRESHOLD) if not_below else by_size,
+        verdict,
         source,
         f"{note}; judged by size: {by_size}" if not_below else note,
         f"-{ACCURACY_THRESHOLD} accuracy, as for final accuracy"
