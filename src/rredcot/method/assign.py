@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +27,8 @@ import torch
 
 from rredcot.method import segmentation as S
 from rredcot.method.answer_baseline import SolutionDecoder
-from rredcot.method.forward import model_device
-from rredcot.method.registry import Batch, Rollouts, SegmentRewards, TraceInput
+from rredcot.method.forward import low_precision_linears, model_device
+from rredcot.method.registry import Batch, Rollouts, SegmentRewards, TraceInput, advantage_shares
 from rredcot.method.scoring.entropies import completion_entropies
 from rredcot.method.scoring.types import ExitStrings
 from rredcot.method.settings import CreditConfig
@@ -52,7 +52,20 @@ class TraceCredit:
     answer_reward: float | None = None
     baseline_solution: list[int] | None = None  # greedy solution at the exit (answer_baseline greedy)
     # r̂ per segment as σ used them (value_space), the answer segment's last; empty for uniform credit.
+    # A method of the advantage form: each segment's advantage (SPO-chain: V(end) - V(start)).
     segment_rewards: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    # A method of the advantage form: the float32 advantage of every completion token, applied as it
+    # is (the trace's GRPO advantage is not multiplied in; ``multiplier`` is then each token's share of
+    # their absolute sum, for statistics and views). None for share methods (A·multiplier).
+    advantages: torch.Tensor | None = None
+
+
+def paid_credit(credit: TraceCredit, advantage: float) -> torch.Tensor:
+    """The token advantages the trainer applies to a trace whose GRPO advantage is ``advantage``:
+    the method's own (``credit.advantages``) for the advantage form, else ``advantage`` times σ·|o|."""
+    if credit.advantages is not None:
+        return credit.advantages
+    return advantage * credit.multiplier
 
 
 class CreditAssigner:
@@ -139,7 +152,7 @@ class CreditAssigner:
         decoder: SolutionDecoder | None = None,
     ) -> list[TraceCredit]:
         """σ for every trace. ``policy`` supplies entropies; ``value_model`` (default: the policy) scores;
-        ``rollouts`` supplies the Monte Carlo method's outcome sums; ``decoder``, an inference engine
+        ``rollouts`` supplies the Monte Carlo method's (and SPO-chain's) outcome sums; ``decoder``, an inference engine
         that holds the policy's weights, writes the greedy answer baseline's solutions
         (:func:`rredcot.method.answer_baseline.engine_answer_log_probs`) when the policy is the value model.
 
@@ -152,7 +165,12 @@ class CreditAssigner:
         if method.uniform:
             return [TraceCredit(torch.ones(len(t.completion_ids)), _one_segment(t)) for t in items]
         precision = self.cfg.precision == "float32"
-        with torch.autocast(model_device(policy).type, enabled=False) if precision else nullcontext():
+        with ExitStack() as stack:
+            if precision:
+                stack.enter_context(torch.autocast(model_device(policy).type, enabled=False))
+            # Under autocast: the linear weights cast once for every pass, not once per call.
+            for model in {id(m): m for m in (policy, value_model) if m is not None}.values():
+                stack.enter_context(low_precision_linears(model))
             batch = self.batch(policy, items, value_model, rollouts, decoder)
             segments = method.reward_source.fn(self, batch)
         if len(segments) != len(items):
@@ -203,8 +221,22 @@ class CreditAssigner:
             _log.warning(message)
 
     def _credit(self, item: TraceInput, seg: SegmentRewards) -> TraceCredit:
-        """σ·|o| from a trace's segment rewards, and what they came from."""
+        """σ·|o| from a trace's segment rewards (the advantage form: the token advantages and their
+        shares), and what they came from."""
         method, n = self.cfg.kind, len(item.completion_ids)
+        if method.form == "advantage":
+            if seg.advantages is None or seg.advantages.numel() != n:
+                raise ValueError(f"credit method {method.name!r} must give one advantage per token")
+            advantages = seg.advantages.float()
+            return TraceCredit(
+                advantage_shares(advantages),
+                seg.starts,
+                seg.cuts,
+                seg.log_values,
+                entropies=seg.entropies,
+                segment_rewards=seg.rewards,
+                advantages=advantages,
+            )
         ids = S.segment_ids_from_starts(seg.starts, n) if method.reward_source.segments else None
         entropies = seg.entropies if method.token_weights == "entropy" else None
         rewards = seg.rewards if method.reward_source.segments else None
@@ -272,4 +304,5 @@ def credit_record(
         "answer_baseline": baseline_text,
         "segment_rewards": credit.segment_rewards.tolist() if credit.segment_rewards.numel() else None,
         "mix": mix,
+        **({} if credit.advantages is None else {"advantages": finite(credit.advantages)}),
     }

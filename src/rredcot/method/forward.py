@@ -216,6 +216,47 @@ def compute_dtype(model: torch.nn.Module) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
+@contextmanager
+def low_precision_linears(model: torch.nn.Module) -> Iterator[int]:
+    """Hold the decoder's linear weights in autocast's dtype for the block; yields how many it cast.
+
+    Under autocast with float32 master weights every linear layer casts its weight to bf16 in each
+    call, and the credit passes make many calls: the greedy answer baseline one per layer and decoded
+    token. autocast's own cache of those casts does not help here: it is off under
+    ``torch.inference_mode`` (every pass runs in it) and for frozen weights, and cleared when the
+    outermost autocast exits. So the block casts each float32 weight and bias of the decoder's
+    ``nn.Linear`` layers once, and restores the float32 tensors on exit. The results are bit for
+    bit those of autocast, which would cast the same tensors to the same dtype in every call; the
+    cost is one low-precision copy of those weights while the block runs. It does nothing unless
+    autocast is on with a 16-bit dtype on the model's device; weights that are DTensors (FSDP2
+    shards) and a weight tied to the output embeddings are left as they are.
+    """
+    device = model_device(model)
+    dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+    saved: list[tuple[torch.nn.Parameter, Tensor]] = []
+    if dtype in (torch.bfloat16, torch.float16):
+        head = model.get_output_embeddings()
+        tied = getattr(head, "weight", None)
+        for module in model.get_decoder().modules():
+            if not isinstance(module, torch.nn.Linear):
+                continue
+            for param in (module.weight, module.bias):
+                if param is None or param is tied or param.dtype != torch.float32:
+                    continue
+                if type(param.data).__name__ == "DTensor":
+                    continue
+                saved.append((param, param.data))
+    try:
+        with torch.no_grad():
+            for param, data in saved:
+                param.data = data.to(dtype)
+        yield len(saved)
+    finally:
+        with torch.no_grad():
+            for param, data in saved:
+                param.data = data
+
+
 def free_memory(device: torch.device) -> int | None:
     """Bytes a pass can still allocate on an accelerator: what the driver has free plus what torch's
     allocator holds unused; None on a CPU."""
