@@ -10,11 +10,11 @@ import pytest
 import torch
 from synthetic_setup import synthetic_setup
 
-from rredcot.method.assign import CreditAssigner
+from rredcot.method.assign import CreditAssigner, paid_credit
 from rredcot.method.registry import CREDIT_METHODS, TraceInput, credit_method
 from rredcot.method.scoring.types import ScoringBudget
 from rredcot.method.segmentation import SegmentationConfig
-from rredcot.method.settings import CreditSettings, MonteCarloSettings
+from rredcot.method.settings import CreditSettings, MonteCarloSettings, SpoSettings
 from rredcot.settings.config import credit_config
 
 PROBLEM = "Start at 9, times 2, add 6. Work mod 10."
@@ -37,6 +37,7 @@ OTHER = {
     "precision": "float32",
     "budget": ScoringBudget(max_batch_tokens=512),
     "mc": MonteCarloSettings(samples=7, max_new_tokens=5, batch_size=3),
+    "spo": SpoSettings(samples=5, max_new_tokens=6, batch_size=3, threshold=0.5, interval=2, whiten=False),
     "view_every": 3,
     "view_samples": 5,
 }
@@ -60,7 +61,7 @@ def _sigma(setup, method: str, changes: dict) -> torch.Tensor:
 
     def rollouts(policy, items, cuts):
         # Deterministic outcome sums that fall by one success per cut: the values depend on M.
-        m = credit.mc.samples
+        m = credit.rollout_settings.samples
         return [[float(max(m - i, 0)) for i in range(len(c))] for c in cuts]
 
     item = TraceInput(prompt, ids, -1.0, [("9 * 2 = 8, 8 + 6 = 4.", "4")], culprit=culprit, outcome=0.0)
@@ -68,7 +69,7 @@ def _sigma(setup, method: str, changes: dict) -> torch.Tensor:
     # spaces agree).
     item.task_values = lambda offsets: [max(0.9 - 0.3 * i, 0.05) for i in range(len(offsets))]
     (out,) = assigner.assign(model, [item], value_model=model, rollouts=rollouts)
-    return out.multiplier
+    return paid_credit(out, item.advantage)  # the token advantages: A·σ·|o|, or the method's own
 
 
 @pytest.mark.parametrize("method", sorted(CREDIT_METHODS))
@@ -80,7 +81,9 @@ def test_settings_a_method_does_not_read_leave_its_credit_alone(setup, method: s
     assert torch.equal(_sigma(setup, method, unread), before)
     if "mix" in read:
         assert not torch.allclose(_sigma(setup, method, {"mix": 1.0}), before)
+    elif credit_method(method).form == "advantage":  # its own token advantages: no mix to read
+        assert before.abs().sum() > 0
     else:
-        assert credit_method(method).uniform and torch.equal(before, torch.ones_like(before))
+        assert credit_method(method).uniform and torch.equal(before, -torch.ones_like(before))
     if "value_space" in read:  # the wrong trace loses value in more than one segment
         assert not torch.allclose(_sigma(setup, method, {"value_space": "log"}), before)

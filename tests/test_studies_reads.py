@@ -24,6 +24,7 @@ from rredcot.lm.modeling import build_scratch_model, train_tokenizer
 from rredcot.settings.reads import READS, StageView
 from rredcot.studies import (
     attribution,
+    fidelity,
     figures_attr,
     figures_mc,
     localisation,
@@ -46,6 +47,7 @@ STUDIES = {
     "mc_max_new_tokens": 12,
     "bootstrap": 10,
     "prm": {"n_traces": 4, "epochs": 1, "batch_size": 4, "analysis_problems": 4},
+    "fidelity": {"traces": 3, "mc_samples": [1]},
 }
 
 
@@ -191,6 +193,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, 
             figures_attr.main,
             ["--attributions", attr, "--prm", scores, "--out-dir", str(s / "fig")],
         )
+        fid = ["--json", str(s / "f.json"), "--csv", str(s / "f.csv"), "--figure", str(s / "f.png")]
+        run(
+            "study_fidelity",
+            "",
+            fidelity.main,
+            ["--model", model_dir, "--traces", a["t"], "--data", str(root / "test.jsonl"), *fid],
+        )
         run(
             "study_localisation",
             "",
@@ -208,6 +217,7 @@ def test_every_study_is_run() -> None:
     assert STUDIES_OF_READS == [
         "study_attr_figures",
         "study_attribution",
+        "study_fidelity",
         "study_localisation",
         "study_mc",
         "study_mc_figures",

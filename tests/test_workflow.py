@@ -38,6 +38,7 @@ ARMS = [
     "oracle",
     "rredcot",
     "rredcot_entropy",
+    "spo",
 ]
 
 
@@ -127,6 +128,7 @@ STUDY_SETTINGS = {
         "mc_max_new_tokens": 40,
         "bootstrap": 60,
         "backend": "vllm",
+        "fidelity": {"traces": 5, "mc_samples": [1, 3]},
         "prm": {
             "name_or_path": "other/prm",
             "n_traces": 6,
@@ -175,7 +177,7 @@ def test_study_commands_carry_files_and_no_setting(tmp_path):
     studies = {r for r in READS if r.startswith("study_")} - OPTIONAL_STUDIES
     rules = {"study-" + r.removeprefix("study_").replace("_", "-") for r in studies}
     assert {c.split()[1] for c in before} == rules
-    assert len(before) == 11  # three trace sets, two MC runs, and one job of every other study
+    assert len(before) == 12  # three trace sets, two MC runs, and one job of every other study
     assert after == before
 
 
@@ -309,6 +311,26 @@ def test_localisation_summary(smoke: Path) -> None:
 
 
 @pytest.mark.slow
+def test_credit_fidelity(smoke: Path) -> None:
+    """Every registered credit method scored against the exact values, Monte Carlo at each budget of
+    the smoke config, with the figure and the claim row."""
+    from rredcot import credit_methods
+
+    table = pl.read_csv(smoke / "figures" / "fidelity_cost.csv")
+    budgets = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())["studies"]["fidelity"][
+        "mc_samples"
+    ]
+    expected = {m for m in credit_methods() if m != "mc"} | {f"mc@{m}" for m in budgets}
+    assert set(table["key"].to_list()) == expected
+    assert (table["seconds_per_trace"] >= 0).all()
+    summary = json.loads((smoke / "studies" / "analysis" / "fidelity.json").read_text())
+    assert summary["traces"] + len(summary["dropped"]) == 6 and not summary["skipped"]
+    assert (smoke / "figures" / "fidelity_cost.png").stat().st_size > 1000
+    claims = pl.read_csv(smoke / "claims.csv")
+    assert "testbed_rredcot_fidelity_beats_mc" in claims["claim"].to_list()
+
+
+@pytest.mark.slow
 def test_table2_and_cost(smoke: Path) -> None:
     table2 = pl.read_csv(smoke / "table2.csv")
     assert {"benchmark", "base_mean", "grpo_mean", "rredcot_mean", "paper_open_rs"} <= set(table2.columns)
@@ -362,14 +384,14 @@ def test_no_secret_in_results(smoke: Path) -> None:
 def test_one_mlflow_run_per_job(smoke: Path) -> None:
     # 1 data + 1 clean + 1 sft + arms x 2 train + (arms + base) x 2 eval + 1 report + 1 tables
     # + 1 claims + 3 trace sets, 2 MC runs, MC figures, attribution, PRM training and scoring, attribution
-    # figures, blame localisation.
+    # figures, blame localisation, credit fidelity.
     client = MlflowClient(tracking_uri=f"sqlite:///{smoke}/mlflow.db")
     exp = client.get_experiment_by_name("rredcot-smoke")
     runs = client.search_runs([exp.experiment_id], max_results=500)
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     parents = {r.data.tags["mlflow.parentRunId"] for r in children}
     runs = 2 * len(ARMS)
-    assert len(children) == 3 + runs + (runs + 2) + 3 + 11 and len(parents) == 1
+    assert len(children) == 3 + runs + (runs + 2) + 3 + 12 and len(parents) == 1
     assert all(r.info.status == "FINISHED" for r in children)
 
 
@@ -457,6 +479,8 @@ CHANGES = {
     "studies.mc_samples": 3,
     "studies.mc_max_new_tokens": 40,
     "studies.bootstrap": 60,
+    "studies.fidelity.traces": 5,
+    "studies.fidelity.mc_samples": [1, 3],
     "studies.prm.epochs": 2,
     "studies.prm.batch_size": 8,
     "studies.prm.learning_rate": 0.0001,

@@ -117,6 +117,11 @@ COMMANDS: dict[str, Command] = {
         "--config C --traces T --out F ...",
         "where the blame of wrong traces lands (synthetic task)",
     ),
+    "study-fidelity": Command(
+        "rredcot.studies.fidelity:main",
+        "--config C --model DIR --traces T --data D --json F --csv F --figure F.png",
+        "every credit method against the exact values, with its cost (synthetic task)",
+    ),
     "study-problems": Command(
         "rredcot.studies.problems:main",
         "--config C --out F",

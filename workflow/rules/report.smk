@@ -85,6 +85,8 @@ rule claims:
         prm=f"{FIG}/fig5_prm_vs_nll.csv",
         variance=f"{FIG}/fig7_mc_variance.csv",
         localisation=STUDY_LOCALISATION,
+        # Every credit method against the exact values (synthetic task).
+        fidelity=STUDY_FIDELITY[:1],
         # The local PRM, whose validation says whether it learned step values (the PRM claim).
         prm_model=prm_model,
     output:
@@ -103,10 +105,11 @@ rule claims:
             f"--localisation {input.localisation}" if input.localisation else ""
         ),
         prm_model=lambda wc, input: f"--prm-model {input.prm_model}" if input.prm_model else "",
+        fidelity=lambda wc, input: f"--fidelity {input.fidelity}" if input.fidelity else "",
     shell:
         "rredcot claims --config {params.cfg} --paired {input.paired} --compute {input.compute}"
         " --cost {input.cost}"
         " --truncation {input.truncation} --attribution {input.attribution} --prm {input.prm}"
-        " --variance {input.variance} {params.localisation} {params.prm_model}"
+        " --variance {input.variance} {params.localisation} {params.prm_model} {params.fidelity}"
         " --csv {output.csv} --md {output.md}"
         " > {log} 2>&1"

@@ -220,3 +220,42 @@ rule study_localisation:
     shell:
         "rredcot study-localisation --config {params.cfg} --traces {input.traces}"
         " --out {output.summary} --views {output.views} > {log} 2>&1"
+
+
+# Every registered credit method on the analysis traces, judged by the exact values of the synthetic
+# task, with its cost (Monte Carlo credit at each of studies.fidelity.mc_samples).
+STUDY_FIDELITY = (
+    [f"{STUDY}/analysis/fidelity.json", f"{FIG}/fidelity_cost.csv", f"{FIG}/fidelity_cost.png"]
+    if SYNTHETIC
+    else []
+)
+
+
+rule study_fidelity:
+    input:
+        model=start_model_input,
+        traces=f"{STUDY}/analysis/traces.jsonl",
+        data=eval_data,
+    output:
+        json=f"{STUDY}/analysis/fidelity.json",
+        csv=f"{FIG}/fidelity_cost.csv",
+        png=report(
+            f"{FIG}/fidelity_cost.png",
+            caption="../report/fidelity.rst",
+            category="Studies",
+        ),
+        pdf=f"{FIG}/fidelity_cost.pdf",
+    log:
+        f"{R}/logs/studies/fidelity.log",
+    benchmark:
+        f"{R}/benchmarks/studies/fidelity.tsv"
+    conda:
+        "../../envs/rredcot.yaml"
+    threads: config["threads"]["eval"]
+    params:
+        cfg=PY_CONFIG,
+        model=START_MODEL,
+        settings=settings("study_fidelity"),
+    shell:
+        "rredcot study-fidelity --config {params.cfg} --model {params.model} --traces {input.traces}"
+        " --data {input.data} --json {output.json} --csv {output.csv} --figure {output.png} > {log} 2>&1"

@@ -12,7 +12,9 @@ under every loss type), ``entropy`` weights tokens by the policy's entropy, ``rr
 ``rredcot+entropy`` spread the advantage over segments by the change of exit-point values, scored
 by teacher forcing the reference pairs with the value model in a single pass per trace
 (:func:`rredcot.method.scoring.single_pass.score_traces_single_pass`), through
-:meth:`rredcot.method.assign.CreditAssigner.assign`.
+:meth:`rredcot.method.assign.CreditAssigner.assign`. A method of the ``advantage`` form (``spo``,
+SPO-chain) gives every token its own advantage instead: those replace TRL's advantages as they are
+(:func:`rredcot.method.assign.paid_credit`), for every completion, whatever its group's advantage.
 
 Distributed runs (``accelerate launch``: DDP, DeepSpeed ZeRO-1/2/3, FSDP2): the credit passes run on
 whole parameters (:func:`rredcot.adapter.distributed.scoring_model`), so each process scores its own slice
@@ -45,7 +47,7 @@ from rredcot.adapter.engine import colocated_engine_options, run_decoder, run_en
 from rredcot.data.grading import grade
 from rredcot.lm.generation import sample_seed
 from rredcot.lm.rollouts import PolicyRollouts
-from rredcot.method.assign import CreditAssigner, TraceCredit, credit_record
+from rredcot.method.assign import CreditAssigner, TraceCredit, credit_record, paid_credit
 from rredcot.method.registry import TraceInput
 from rredcot.method.settings import CreditConfig
 
@@ -72,7 +74,9 @@ class RREDCoTTrainer(GRPOTrainer):
     reward, applied to each policy rollout from an exit point). ``exact`` needs ``task_values``: a
     function of the step's dataset rows and completion texts that returns, per completion, a function
     from character offsets to the values the task computes there (``rredcot.data.synthetic
-    .exact_value_functions``), and ``rollout_reward`` for each trace's own outcome. Credit records of
+    .exact_value_functions``), and ``rollout_reward`` for each trace's own outcome. ``spo`` needs
+    ``rollout_reward`` as ``mc`` does (for the rollouts from its segment boundaries and each trace's
+    own outcome). Credit records of
     sampled traces accumulate in ``credit_views`` (main process) when ``view_every`` > 0.
     ``sampling_seed`` (an int) pairs the sampling of runs that share it (common random numbers, for
     comparing credit methods); None keeps TRL's random stream, and with uniform credit the run is
@@ -198,6 +202,11 @@ class RREDCoTTrainer(GRPOTrainer):
         t0 = time.perf_counter()
         advantages, mask = out["advantages"], out["completion_mask"]
         per_token = self._credit_multipliers(inputs, out).to(advantages.dtype)
+        if self.credit.kind.form == "advantage":
+            # The method's own token advantages replace TRL's (B,) ones; 0 on padding, which the
+            # loss masks out anyway.
+            out["advantages"] = torch.where(mask.bool(), per_token, 0.0)
+            return self._log_credit_seconds(out, t0)
         # Here TRL's (B,) advantages become (B, T): row i is A_i · σ·|o| over completion i's tokens.
         # This relies on GRPOTrainer._compute_loss (TRL >= 0.26; pyproject.toml's floor is 0.29): it
         # unsqueezes `inputs["advantages"]` only when it is 1-D, so a (B, T) tensor multiplies the
@@ -206,7 +215,11 @@ class RREDCoTTrainer(GRPOTrainer):
         # TRL splits and shuffles the batch dict along dim 0 only, so (B, T) rows travel intact.
         # Padding positions are masked out of the loss; keep the factor 1 there so nothing changes.
         out["advantages"] = advantages.unsqueeze(1) * torch.where(mask.bool(), per_token, 1.0)
-        # The step waits for the slowest process: the maximum over processes, in all and per pass.
+        return self._log_credit_seconds(out, t0)
+
+    def _log_credit_seconds(self, out: dict[str, Any], t0: float) -> dict[str, Any]:
+        """Log the credit's seconds since ``t0`` and return ``out``. The step waits for the slowest
+        process: the maximum over processes, in all and per pass."""
         parts = gather_objects(self.accelerator, [(time.perf_counter() - t0, self.assigner.seconds)])
         self._metrics["train"]["credit/seconds"].append(max(total for total, _ in parts))
         for name in sorted({name for _, passes in parts for name in passes}):
@@ -268,20 +281,23 @@ class RREDCoTTrainer(GRPOTrainer):
 
     def _credit_multipliers(self, inputs: list[dict[str, Any]], out: dict[str, Any]) -> torch.Tensor:
         """σ·|o| of every completion token of the batch, [B, T] (1 for completions with a zero
-        advantage, which have nothing to spread, and beyond each completion's end)."""
+        advantage, which have nothing to spread, and beyond each completion's end). For a method of
+        the ``advantage`` form: its token advantages, of every completion (0 beyond its end)."""
         prompt_ids, prompt_mask = out["prompt_ids"], out["prompt_mask"]
         completion_ids, completion_mask = out["completion_ids"], out["completion_mask"]
         advantages = out["advantages"]
-        per_token = torch.ones(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
-        lengths = completion_mask.sum(dim=1).tolist()
         method = self.credit.kind
+        own = method.form == "advantage"  # the method's token advantages, not shares of A
+        fill = torch.zeros if own else torch.ones
+        per_token = fill(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
+        lengths = completion_mask.sum(dim=1).tolist()
         finals = None
         if "reference_pairs" in method.needs and self.credit.group_pairs:  # a collective: every process
             every = [completion_ids[i][: lengths[i]].tolist() for i in range(len(inputs))]
             finals = self._group_finals(
                 inputs, self.processing_class.batch_decode(every, skip_special_tokens=True)
             )
-        rows = [i for i in range(len(inputs)) if float(advantages[i]) != 0.0 and lengths[i] > 0]
+        rows = [i for i in range(len(inputs)) if (own or float(advantages[i]) != 0.0) and lengths[i] > 0]
         values_at = None
         if "task_values" in method.needs:  # every completion of the process's batch gives the slip rate
             texts = [
@@ -309,7 +325,7 @@ class RREDCoTTrainer(GRPOTrainer):
         if "rollouts" in method.needs:
             # Sampled as the run samples its completions, each rollout from a random stream of its
             # own: (run seed, step, process) and the trace, exit point and rollout.
-            cfg, keys = self.credit.mc, [_row_key(inputs[i]) for i in rows]
+            cfg, keys = self.credit.rollout_settings, [_row_key(inputs[i]) for i in rows]
             rollouts = PolicyRollouts(
                 self.processing_class,
                 lambda j, text: self._reward(inputs[rows[j]], text),
@@ -332,7 +348,8 @@ class RREDCoTTrainer(GRPOTrainer):
             self._metrics["train"]["credit/rollout_tokens"].append(float(sum(c[1] for c in counts)))
         stats = _CreditStats()
         for i, tc in zip(rows, credits, strict=True):
-            per_token[i, : lengths[i]] = tc.multiplier.to(per_token.device)
+            paid = paid_credit(tc, float(advantages[i])) if own else tc.multiplier
+            per_token[i, : lengths[i]] = paid.to(per_token.device)
             stats.add(tc)
         # Over every process's traces, so the logged numbers do not depend on the GPU count.
         for name, value in _CreditStats.merge(gather_objects(self.accelerator, [stats])).summary().items():

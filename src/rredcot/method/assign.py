@@ -152,8 +152,8 @@ class CreditAssigner:
         decoder: SolutionDecoder | None = None,
     ) -> list[TraceCredit]:
         """σ for every trace. ``policy`` supplies entropies; ``value_model`` (default: the policy) scores;
-        ``rollouts`` supplies the Monte Carlo method's (and SPO-chain's) outcome sums; ``decoder``, an inference engine
-        that holds the policy's weights, writes the greedy answer baseline's solutions
+        ``rollouts`` supplies the outcome sums of Monte Carlo and SPO-chain credit; ``decoder``, an
+        inference engine that holds the policy's weights, writes the greedy answer baseline's solutions
         (:func:`rredcot.method.answer_baseline.engine_answer_log_probs`) when the policy is the value model.
 
         Models are used as given (the caller puts them in eval mode); nothing needs gradients.

@@ -12,13 +12,19 @@ A credit method spreads a trace's advantage over its tokens. It is two choices:
   answer after the model's own exit) and returns one reward per segment;
 - a **token weighting**: a segment's share spread uniformly over its tokens, or by their entropy.
 
-``CreditMethod.multiplier`` turns the rewards into ``σ·|o|``; ``CreditSettings.read_by`` and the TRL
-adapter read ``reads`` and ``needs`` from the registered source. The built-in sources and methods
+A method has one of two forms. ``share`` (every built-in method but SPO-chain): σ_t, a non-negative
+share of the trace's GRPO advantage A, and token t's advantage is A·σ_t·|o|; ``CreditMethod
+.multiplier`` turns the rewards into ``σ·|o|``. ``advantage``: the method gives every token an
+advantage of its own (``SegmentRewards.advantages``, signed, in the method's units) and A is not
+multiplied in: SPO-chain's segment advantages V(end) − V(start), which a share of A cannot express
+(a right trace's segment can lose value, a wrong trace's gain it). ``CreditSettings.read_by`` and
+the TRL adapter read ``reads`` and ``needs`` from the registered source. The built-in sources and methods
 live in ``rredcot.method.sources`` (one module each); a new one is one more registered function.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -53,7 +59,8 @@ class TraceInput:
 
 
 Rollouts = Callable[[torch.nn.Module, list[TraceInput], list[list[int]]], list[list[float]]]
-"""The ``rollouts`` need: ``rollouts(policy, traces, cuts)`` samples ``MonteCarloSettings.samples``
+"""The ``rollouts`` need: ``rollouts(policy, traces, cuts)`` samples ``MonteCarloSettings.samples`` (of
+the method's section, ``CreditConfig.rollout_settings``: ``mc``, or ``spo`` for SPO-chain)
 continuations of ``prompt ⊕ completion[:c]`` from the policy for every cut ``c`` of every trace and
 returns, per trace and cut, the sum of their rewards (each in [0, 1]). The caller owns sampling and
 reward (``rredcot.lm.rollouts.PolicyRollouts``); the method turns the sums into values and σ."""
@@ -88,6 +95,9 @@ class SegmentRewards:
     log_p_answer: Tensor = field(default_factory=lambda: torch.empty(0))
     answer_reward: float | None = None  # the answer segment's reward before value_space, if any
     baseline_solution: list[int] | None = None  # greedy solution at the exit (answer_baseline greedy)
+    advantages: Tensor | None = None
+    """A method of the ``advantage`` form: the advantage of every completion token (float32), which
+    the trainer applies as it is; None for ``share`` methods."""
 
 
 RewardFn = Callable[[Any, Batch], list[SegmentRewards]]
@@ -107,7 +117,8 @@ class RewardSource:
     """What the caller supplies: ``reference_pairs`` (``TraceInput.pairs``), ``culprit``,
     ``outcome``, ``task_values`` (``TraceInput`` fields), ``rollouts`` (``assign(rollouts=...)``)."""
     segments: bool
-    """Whether the source cuts the trace into segments (and so reads ``segmentation``)."""
+    """Whether the source cuts the trace with the shared segmentation at exit points (and so reads
+    ``segmentation``); SPO-chain cuts its own segments, by token probability, and does not."""
     description: str
 
 
@@ -137,7 +148,9 @@ def register_reward_source(
 @dataclass(frozen=True)
 class CreditMethod:
     """One way of spreading a trace's advantage over its tokens (σ): a reward source and a token
-    weighting, looked up by name. Every method gives non-negative, finite σ summing to 1 per trace."""
+    weighting, looked up by name. Every method gives non-negative, finite σ summing to 1 per trace;
+    a method of the ``advantage`` form gives token advantages too, and its σ is their share
+    (:func:`advantage_shares`)."""
 
     name: str
     source: str
@@ -145,6 +158,14 @@ class CreditMethod:
     token_weights: Literal["entropy"] | None
     """Within a segment (or the trace), weight tokens by the policy's entropy, or uniformly (None)."""
     description: str
+    form: Literal["share", "advantage"] = field(default="share", kw_only=True)
+    """``share``: σ_t is a share of the trace's GRPO advantage A (token advantage A·σ_t·|o|);
+    ``advantage``: the method gives every token its own advantage (``SegmentRewards.advantages``) and
+    A is not multiplied in."""
+
+    def __post_init__(self) -> None:
+        if self.form not in ("share", "advantage"):
+            raise ValueError(f"credit method {self.name!r}: form must be 'share' or 'advantage'")
 
     @property
     def reward_source(self) -> RewardSource:
@@ -156,7 +177,7 @@ class CreditMethod:
     @property
     def uniform(self) -> bool:
         """σ = 1/|o| (stock GRPO): nothing to compute, TRL's advantages stay as they are."""
-        return not self.reward_source.segments and self.token_weights is None
+        return self.form == "share" and not self.reward_source.segments and self.token_weights is None
 
     @property
     def needs(self) -> tuple[str, ...]:
@@ -174,9 +195,18 @@ class CreditMethod:
         segment_rewards: Tensor | None = None,
         entropies: Tensor | None = None,
     ) -> Tensor:
-        """``σ·|o|`` (float32, length ``n_tokens``) of one trace; exactly 1.0 for uniform."""
+        """``σ·|o|`` (float32, length ``n_tokens``) of one trace; exactly 1.0 for uniform. For the
+        ``advantage`` form, ``segment_rewards`` are the segments' advantages and σ is each token's
+        share of their absolute sum (:func:`advantage_shares`); ``advantage`` and ``mix`` do not enter."""
         if self.uniform or n_tokens == 0:
             return torch.ones(n_tokens, dtype=torch.float32)
+        if self.form == "advantage":
+            if segment_ids is None or segment_rewards is None:
+                raise ValueError(f"credit method {self.name!r} needs segment ids and segment advantages")
+            ids = torch.as_tensor(segment_ids, dtype=torch.long)
+            if ids.numel() != n_tokens:
+                raise ValueError("segment_ids must have one entry per token")
+            return advantage_shares(torch.as_tensor(segment_rewards, dtype=torch.float64)[ids])
         if entropies is not None and torch.as_tensor(entropies).numel() != n_tokens:
             raise ValueError(f"{torch.as_tensor(entropies).numel()} entropies for {n_tokens} tokens")
         if self.token_weights == "entropy" and entropies is None:
@@ -189,6 +219,19 @@ class CreditMethod:
             raise ValueError("segment_ids must have one entry per token")
         weights = None if self.token_weights is None else torch.as_tensor(entropies, dtype=torch.float64)
         return C.token_multiplier(segment_ids, segment_rewards, advantage, mix, token_weights=weights)
+
+
+@torch.no_grad()
+def advantage_shares(advantages: Tensor) -> Tensor:
+    """``σ·|o|`` (float32) of token advantages: token t's share ``|a_t| / Σ_s |a_s|`` of the trace's
+    absolute advantage, times |o|; 1.0 everywhere when every advantage is 0. How much of an
+    ``advantage``-form method's credit sits on each token, read as σ is for the ``share`` form (the
+    credit statistics and views)."""
+    a = torch.as_tensor(advantages, dtype=torch.float64).abs()
+    n, total = a.numel(), float(a.sum())
+    if n == 0 or total == 0.0 or not math.isfinite(total):
+        return torch.ones(n, dtype=torch.float32)
+    return (a * (n / total)).float()
 
 
 CREDIT_METHODS: dict[str, CreditMethod] = {}

@@ -44,6 +44,38 @@ class MonteCarloSettings:
 
 
 @dataclass
+class SpoSettings(MonteCarloSettings):
+    """SPO-chain (``spo``; Segment Policy Optimization, arXiv 2505.23564): where it cuts a trace into
+    segments and how it estimates their values, with SPO-chain's own defaults (docs/method.md,
+    "SPO-chain"). A completion token whose probability under the policy is below ``threshold`` is a
+    cutpoint; a segment boundary falls at every ``interval``-th cutpoint, from the first; ``samples``
+    rollouts from each boundary estimate its value."""
+
+    samples: int = 9
+    """Rollouts per segment boundary (K; SPO-chain's 9). Boundaries with the same prefix (a group's
+    shared prompt) share theirs."""
+    threshold: float = field(default=0.9, metadata={"minimum": 0.0, "maximum": 1.0})
+    """A completion token whose probability under the policy is below this is a cutpoint (SPO's 0.9);
+    only cutpoints carry a policy gradient (SPO's probability mask)."""
+    interval: int = 5
+    """A segment boundary at every this many cutpoints, from the first (SPO-chain's int5)."""
+    min_boundaries: int = 1
+    """Boundaries a trace with cutpoints gets at least: where every ``interval``-th cutpoint gives
+    fewer, the interval shrinks until it gives this many (or every cutpoint is a boundary). 1 is
+    SPO-chain as published (a trace with a cutpoint always has its first one as a boundary)."""
+    whiten: bool = True
+    """Whiten the token advantages over the cutpoints of all traces of a credit batch (mean 0,
+    variance 1), as SPO's trainer whitens advantages before its policy loss."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"spo threshold must lie in [0, 1], got {self.threshold}")
+        if self.interval < 1 or self.min_boundaries < 1:
+            raise ValueError("spo interval and min_boundaries must be positive")
+
+
+@dataclass
 class CreditSettings:
     """How credit is computed, whatever the method: the settings every training method of an
     experiment shares (the workflow's ``credit`` section has exactly these keys)."""
@@ -82,6 +114,8 @@ class CreditSettings:
     """Memory bounds of the scoring passes."""
     mc: MonteCarloSettings = field(default_factory=MonteCarloSettings)
     """Policy rollouts of the Monte Carlo credit method (``mc``)."""
+    spo: SpoSettings = field(default_factory=SpoSettings)
+    """SPO-chain's cutpoints, segment boundaries and rollouts (``spo``)."""
     view_every: int = 10
     """Keep credit records of a few traces every this many steps for inspection (0: never)."""
     view_samples: int = 2
@@ -91,14 +125,17 @@ class CreditSettings:
     def read_by(method: CreditMethod) -> tuple[str, ...]:
         """The settings (field names) that ``method``'s credit depends on; the others are never read
         on its path, so an experiment that changes only those leaves the method's runs as they were.
-        Uniform credit reads none (TRL's advantages stay as they are); every other method weights
-        tokens (``mix``), runs forward passes (``budget``, ``precision``) and keeps views; a method
-        whose reward source segments the trace reads ``segmentation``, and each source declares the
-        rest (``rredcot.method.registry.register_reward_source``)."""
+        Uniform credit reads none (TRL's advantages stay as they are); every other method runs
+        forward passes (``budget``, ``precision``) and keeps views, and a method of the ``share``
+        form weights tokens (``mix``; one of the ``advantage`` form gives its token advantages as they
+        are); a method whose reward source segments the trace reads ``segmentation``, and each source
+        declares the rest (``rredcot.method.registry.register_reward_source``)."""
         if method.uniform:
             return ()
         source = method.reward_source
         names = ["mix", "budget", "precision", "view_every", "view_samples"]
+        if method.form == "advantage":
+            names.remove("mix")
         if source.segments:
             names.append("segmentation")
         return tuple(dict.fromkeys([*names, *source.reads]))
@@ -130,7 +167,7 @@ class CreditConfig(CreditSettings):
 
     method: str = "rredcot"
     """A registered credit method (``rredcot.method.registry.CREDIT_METHODS``): ``uniform``,
-    ``rredcot``, ``entropy``, ``rredcot+entropy``, ``oracle``, ``exact``, ``mc``."""
+    ``rredcot``, ``entropy``, ``rredcot+entropy``, ``oracle``, ``exact``, ``mc``, ``spo``."""
     exit_string: str = DEFAULT_EXIT_STRING
     """Text that closes the thinking block at an exit point."""
     answer_prefix: str = DEFAULT_ANSWER_PREFIX
@@ -148,6 +185,17 @@ class CreditConfig(CreditSettings):
     def kind(self) -> CreditMethod:
         """The registered method."""
         return credit_method(self.method)
+
+    @property
+    def rollout_settings(self) -> MonteCarloSettings:
+        """The method's policy-rollout settings (what ``PolicyRollouts`` samples with): the first
+        section its reward source reads that holds them (``spo`` for SPO-chain, ``mc`` for Monte
+        Carlo credit); ``mc`` for a method that reads none."""
+        for name in self.kind.reward_source.reads:
+            section = getattr(self, name, None)
+            if isinstance(section, MonteCarloSettings):
+                return section
+        return self.mc
 
     @classmethod
     def from_settings(cls, settings: CreditSettings, **rest: Any) -> CreditConfig:

@@ -81,7 +81,9 @@ class Arm:
     VinePPO-style: the unbiased, expensive reference), exact (synthetic task only: the exact value of
     each prefix at the same exit points, which the task computes for a policy slipping at its
     measured step-error rate: noise-free credit of right and wrong traces, the check of whether the
-    task can judge credit at all). docs/method.md, "Credit methods"."""
+    task can judge credit at all), spo (SPO-chain, arXiv 2505.23564: segments cut where the policy
+    is unsure, Monte Carlo values at their boundaries, each segment's change of value as the
+    advantage of its tokens in place of the group's). docs/method.md, "Credit methods"."""
     loss_type: LossType = "grpo"
     """TRL loss normaliser; grpo is the sequence mean (σ = 1/|o|)."""
     label: str | None = None
@@ -111,6 +113,8 @@ def _default_arms() -> dict[str, Arm]:
         "oracle": Arm("oracle", "grpo", "Oracle"),
         "exact": Arm("exact", "grpo", "Exact values"),
         "mc": Arm("mc", "grpo", "MC"),
+        # SPO-chain (arXiv 2505.23564), a published segment-level method: its own token advantages.
+        "spo": Arm("spo", "grpo", "SPO-chain"),
         "entropy_mask": Arm("uniform", "grpo", "GRPO 80/20", top_entropy_quantile=0.2),
     }
 
@@ -501,6 +505,24 @@ class Prm:
 
 
 @dataclass
+class Fidelity:
+    """The credit-fidelity study (synthetic task only): every registered credit method scored against
+    the exact values on the same traces, with its cost (docs/method.md, "Credit fidelity")."""
+
+    traces: int | None = field(default=200, metadata=at_least(2))
+    """Analysis traces scored: the first N of them (they are drawn in turn from every level, so the
+    first N are spread over the levels too); null: all of them. Monte Carlo credit at every budget
+    samples its rollouts for each."""
+    mc_samples: list[int] = field(default_factory=lambda: [1, 2, 4, 8], metadata=not_empty(unique=True))
+    """The Monte Carlo budgets: rollouts per exit point M, each scored as a point of its own (a
+    method whose reward source reads ``credit.mc``)."""
+
+    def __post_init__(self) -> None:
+        if any(m < 1 for m in self.mc_samples):
+            raise ValueError(f"mc_samples: every budget needs at least one rollout, got {self.mc_samples}")
+
+
+@dataclass
 class Studies:
     """The paper's analyses (Figures 3-7) on traces of the SFT model: Monte Carlo values at the exit
     points, their truncation and variance, attribution methods and a process reward model."""
@@ -531,6 +553,8 @@ class Studies:
     Traces are always sampled with transformers: the same model in memory then scores them."""
     prm: Prm = field(default_factory=Prm)
     """The process reward model."""
+    fidelity: Fidelity = field(default_factory=Fidelity)
+    """The credit-fidelity study."""
 
 
 def _paper_values() -> dict[str, dict[str, float]]:

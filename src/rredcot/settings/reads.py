@@ -133,6 +133,13 @@ READS: dict[str, StageReads] = {
         (*_LOGGING, "threads.eval"),
     ),
     "study_attr_figures": StageReads((), _LOGGING),
+    # Every credit method on the analysis traces: each reads the credit settings (and its arm's
+    # options), Monte Carlo's rollouts are sampled as the traces were.
+    "study_fidelity": StageReads(
+        ("arms", "credit", "prompt", "model.dtype", "studies.max_new_tokens", "studies.fidelity")
+        + _STUDY_SAMPLING,
+        (*_LOGGING, "threads.eval"),
+    ),
     "study_localisation": StageReads((), _LOGGING),
 }
 

@@ -3,7 +3,7 @@
     rredcot claims --config C --paired paired.csv --cost cost.csv --truncation fig3_truncation.csv \\
         --attribution fig4_attribution_correlation.csv --prm fig5_prm_vs_nll.csv --compute compute.csv \\
         --variance fig7_mc_variance.csv [--localisation localisation.json] [--prm-model PRM_DIR] \\
-        --csv claims.csv --md claims.md
+        [--fidelity fidelity.json] --csv claims.csv --md claims.md
 
 One row per claim: the measured value, a 95% interval where the measurement has one, the practical
 threshold that says what size of effect matters (and why), and a verdict judged by size:
@@ -18,7 +18,9 @@ Each row names its source file, so a verdict can be traced to the numbers behind
 which credits right traces and blames wrong ones from what the task knows, with no sampling noise)
 must beat GRPO for the testbed to be
 able to judge credit at all; perfect blame (the oracle, the ceiling of blame only) is a finding beside
-it; RREDCoT's most-blamed segment should be a wrong trace's culprit. With a Monte Carlo arm, RREDCoT is
+it; RREDCoT's most-blamed segment should be a wrong trace's culprit; RREDCoT's credit should rank
+segments like the exact values more than Monte Carlo credit at the budget nearest its cost does
+(``study-fidelity``). With a Monte Carlo arm, RREDCoT is
 also held against it at equal steps and at equal training compute (``compute.csv``), as
 non-inferiority: not behind by more than the threshold. A section on the power of the correlations gives
 the study size (``studies.n_traces``) a ±0.1 interval needs.
@@ -75,6 +77,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument(
         "--prm-model", type=Path, help="the local PRM's directory (rredcot study-prm-train): its prm.json"
     )
+    ap.add_argument(
+        "--fidelity",
+        type=Path,
+        help="rredcot study-fidelity summary (synthetic task): credit against exact values",
+    )
     ap.add_argument("--csv", required=True, type=Path)
     ap.add_argument("--md", required=True, type=Path)
     args = ap.parse_args(argv)
@@ -89,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "localisation",
         "compute",
         "prm_model",
+        "fidelity",
     )
     sources = {k: Path(getattr(args, k)).name if getattr(args, k) else "" for k in files}
     with stage_run(cfg, "claims", rule="claims", params={k: str(getattr(args, k)) for k in files}) as run:
@@ -104,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             sources,
             pl.read_csv(args.compute) if args.compute else None,
             json.loads((args.prm_model / "prm.json").read_text()) if args.prm_model else None,
+            json.loads(args.fidelity.read_text()) if args.fidelity else None,
         )
         frame = pl.DataFrame([asdict(c) for c in claims], infer_schema_length=None)
         with atomic_path(args.csv) as tmp:

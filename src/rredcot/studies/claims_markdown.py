@@ -42,7 +42,9 @@ def markdown(
         "itself. `testbed_exact_beats_grpo` decides whether it can judge credit assignment: exact values "
         "credit right traces and blame wrong ones from what the task knows, with no sampling noise, so "
         "where they do not beat GRPO the testbed cannot show that credit helps. Perfect blame "
-        "(`testbed_oracle_beats_grpo`) moves only a wrong trace's blame and is reported as a finding.",
+        "(`testbed_oracle_beats_grpo`) moves only a wrong trace's blame and is reported as a finding. "
+        "`testbed_rredcot_fidelity_beats_mc` holds RREDCoT's segment credit and Monte Carlo's against the "
+        "exact values, Monte Carlo at the budget nearest RREDCoT's cost.",
         "",
     ]
     if power:

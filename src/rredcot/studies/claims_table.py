@@ -1,6 +1,7 @@
 """Which claims a run checks, in the paper's order, then the testbed's checks: the arms the config
-runs pick the rows (the Monte Carlo comparisons only with an ``mc`` arm, the localisation check only
-with its summary), and each row is judged by its builder in ``rredcot.studies.claims``."""
+runs pick the rows (the Monte Carlo comparisons only with an ``mc`` arm, the localisation and
+credit-fidelity checks only with their summaries), and each row is judged by its builder in
+``rredcot.studies.claims``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from rredcot.studies.claims import (
     cost_claim,
     efficiency_claim,
     equal_compute_claim,
+    fidelity_claim,
     localisation_claim,
     noise_claim,
     prm_claim,
@@ -36,9 +38,11 @@ def claims_table(
     sources: Mapping[str, str],
     compute: pl.DataFrame | None = None,
     prm_model: Mapping[str, Any] | None = None,
+    fidelity: Mapping[str, Any] | None = None,
 ) -> list[Claim]:
     """Every claim, in the paper's order, then the testbed's checks. ``prm_model``: the local PRM's
-    ``prm.json``, which ``prm_claim`` reads (None for a hub PRM)."""
+    ``prm.json``, which ``prm_claim`` reads (None for a hub PRM); ``fidelity``: the credit-fidelity
+    study's JSON (synthetic task)."""
     arms = active_arms(cfg)
     reference = arm_label(cfg, arms[0])
 
@@ -120,4 +124,6 @@ def claims_table(
         ]
     if localisation is not None:
         claims.append(localisation_claim(localisation, sources["localisation"]))
+    if fidelity is not None:
+        claims.append(fidelity_claim(fidelity, sources.get("fidelity", "fidelity.json")))
     return claims

@@ -5,7 +5,9 @@
 - ``oracle``: perfect blame where the task says a trace goes wrong (``oracle``);
 - ``monte_carlo``: values from policy rollouts at the same exit points (``mc``);
 - ``exact``: values the synthetic task computes at the same exit points (``exact``), registered as any
-  added method is.
+  added method is;
+- ``spo``: SPO-chain's segment advantages from rollouts at boundaries where the policy is unsure
+  (``spo``, arXiv 2505.23564), a method of the ``advantage`` form.
 
 Importing this package registers them (``rredcot.method.registry``) in the order of the imports
 below, which is the order the config lists the methods in. A new credit method is one more module
@@ -19,4 +21,5 @@ from rredcot.method.sources import exit_values  # noqa: F401
 from rredcot.method.sources import oracle  # noqa: F401
 from rredcot.method.sources import monte_carlo  # noqa: F401
 from rredcot.method.sources import exact  # noqa: F401
+from rredcot.method.sources import spo  # noqa: F401
 # isort: on
