@@ -14,7 +14,7 @@ from rredcot.method.assign import CreditAssigner, paid_credit
 from rredcot.method.registry import CREDIT_METHODS, TraceInput, credit_method
 from rredcot.method.scoring.types import ScoringBudget
 from rredcot.method.segmentation import SegmentationConfig
-from rredcot.method.settings import CreditSettings, MonteCarloSettings, SpoSettings
+from rredcot.method.settings import CreditSettings, MonteCarloSettings, PrimeSettings, SpoSettings
 from rredcot.settings.config import credit_config
 
 PROBLEM = "Start at 9, times 2, add 6. Work mod 10."
@@ -38,6 +38,19 @@ OTHER = {
     "budget": ScoringBudget(max_batch_tokens=512),
     "mc": MonteCarloSettings(samples=7, max_new_tokens=5, batch_size=3),
     "spo": SpoSettings(samples=5, max_new_tokens=6, batch_size=3, threshold=0.5, interval=2, whiten=False),
+    "prime": PrimeSettings(
+        beta=0.5,
+        granularity="whole",
+        normalise=False,
+        process_coef=2.0,
+        outcome_coef=0.5,
+        process_gamma=0.9,
+        outcome_gamma=0.8,
+        whiten=False,
+        lr=1e-3,
+        weight_decay=0.1,
+        grad_clip=1.0,
+    ),
     "view_every": 3,
     "view_samples": 5,
 }
@@ -68,7 +81,13 @@ def _sigma(setup, method: str, changes: dict) -> torch.Tensor:
     # Values that fall over several cuts (the task's own drop to 0 at one step would make the value
     # spaces agree).
     item.task_values = lambda offsets: [max(0.9 - 0.3 * i, 0.05) for i in range(len(offsets))]
-    (out,) = assigner.assign(model, [item], value_model=model, rollouts=rollouts)
+    items = [item]
+    if "process_log_probs" in credit.kind.needs:  # PRIME: a group of two, with PRM and reference log-probs
+        steps = torch.arange(len(ids), dtype=torch.float64)
+        item.prm_log_probs, item.ref_log_probs, item.group = -0.1 * steps.sin().abs(), -0.2 + 0 * steps, 0
+        mate = dataclasses.replace(item, outcome=1.0, prm_log_probs=-0.3 * steps.cos().abs())
+        items.append(mate)
+    out = assigner.assign(model, items, value_model=model, rollouts=rollouts)[0]
     return paid_credit(out, item.advantage)  # the token advantages: A·σ·|o|, or the method's own
 
 

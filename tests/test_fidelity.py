@@ -181,8 +181,10 @@ def test_every_registered_method_is_a_point_and_mc_one_per_budget(monkeypatch: p
     cfg = load_config(ROOT / "config" / "config.yaml")
     points, skipped = fidelity.method_points(cfg, credit_methods(), [1, 4])
     keys = [p.key for p in points]
-    assert "mc@1" in keys and "mc@4" in keys and "mc" not in keys and not skipped
-    assert {p.method for p in points} == set(credit_methods())
+    # PRIME's reward model is trained online: the study has none to give it.
+    assert "mc@1" in keys and "mc@4" in keys and "mc" not in keys and set(skipped) == {"prime"}
+    assert "process_log_probs" in skipped["prime"]
+    assert {p.method for p in points} == set(credit_methods()) - {"prime"}
     assert {p.config.mc.samples for p in points if p.method == "mc"} == {1, 4}
     monkeypatch.setattr(fidelity, "SUPPLIED", fidelity.SUPPLIED - {"rollouts"})
     points, skipped = fidelity.method_points(cfg, credit_methods(), [1, 4])
@@ -217,9 +219,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_study_scores_every_method_and_writes_its_outputs(run: Path) -> None:
     summary = json.loads((run / "f.json").read_text())
     table = pl.read_csv(run / "f.csv")
-    expected = [m for m in credit_methods() if m != "mc"]
+    expected = [m for m in credit_methods() if m not in ("mc", "prime")]
     keys = table["key"].to_list()
-    assert set(keys) == {*expected, "mc@1", "mc@2"} and not summary["skipped"]
+    assert set(keys) == {*expected, "mc@1", "mc@2"} and set(summary["skipped"]) == {"prime"}
     assert summary["traces"] + len(summary["dropped"]) == 6
     assert (table["seconds"] >= 0).all() and table.filter(pl.col("key") == "mc@2")["rollouts_per_trace"][
         0

@@ -6,19 +6,18 @@ methods, and resumed bit for bit."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import pytest
 import torch
-from datasets import Dataset
-from synthetic_setup import RL, arm_trainer, one_credit_step, synthetic_setup, varied_reward
-from transformers import TrainerCallback
+from synthetic_setup import (
+    arm_trainer,
+    assert_same_weights,
+    crash_and_resume,
+    one_credit_step,
+    synthetic_setup,
+)
 
-from rredcot.adapter.experiment import grpo_args
-from rredcot.adapter.trainer import RREDCoTTrainer
-from rredcot.data.records import rl_records
-from rredcot.infra.resume import RunLogger, latest_checkpoint
 from rredcot.method.assign import CreditAssigner, TraceCredit, paid_credit
 from rredcot.method.registry import CreditMethod, TraceInput, credit_method
 from rredcot.method.settings import CreditSettings, SpoSettings
@@ -252,52 +251,8 @@ def test_trainer_applies_spos_own_token_advantages(setup):
     assert any((adv[i][mask[i]] > 0).any() and (adv[i][mask[i]] < 0).any() for i in range(adv.shape[0]))
 
 
-class _Crash(TrainerCallback):
-    """Fails the save of step 2 after its checkpoint is written, before it is sealed."""
-
-    def on_save(self, args, state, control, **kw):  # noqa: ANN001
-        if state.global_step == 2:
-            raise RuntimeError("crash")
-
-
 def test_spo_training_resumes_bit_for_bit(setup):
     """Two steps of SPO-chain straight, and cut short in the save of step 2 then resumed from step 1:
     the same weights (sampling, rollouts and optimizer come back)."""
-    cfg, tok, model, splits, out = setup
-    dataset = Dataset.from_list(rl_records(splits["rl"], cfg["prompt"]["template"]))
-
-    def run(folder: str, *callbacks, resume: bool = False) -> RREDCoTTrainer:
-        settings = {**cfg, "rl": {**cfg["rl"], **RL, "max_steps": 2, "save_every": 1}}
-        torch.manual_seed(0)
-        trainer = RREDCoTTrainer(
-            model=copy.deepcopy(model),
-            reward_funcs=[varied_reward],
-            args=grpo_args(settings, "spo", 0, out / folder),
-            train_dataset=dataset,
-            processing_class=tok,
-            callbacks=[*callbacks, RunLogger(None, hold=False)],
-            credit=credit_config(settings, "spo"),
-            rollout_reward=_length_reward,
-        )
-        checkpoint = latest_checkpoint(out / folder) if resume else None
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-        return trainer
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        straight = run("straight")
-        with pytest.raises(RuntimeError, match="crash"):
-            run("cut", _Crash())
-        assert latest_checkpoint(out / "cut").name == "checkpoint-1"  # step 2's was never sealed
-        resumed = run("cut", resume=True)
-    finally:
-        torch.set_num_threads(threads)
-    assert resumed.state.global_step == 2
-    moved = False
-    for (name, a), b, s in zip(
-        straight.model.named_parameters(), resumed.model.parameters(), model.parameters(), strict=True
-    ):
-        assert torch.equal(a, b), name
-        moved |= not torch.equal(a, s)
-    assert moved  # training moved the weights: the comparison is not vacuous
+    straight, resumed = crash_and_resume(setup, "spo", rollout_reward=_length_reward)
+    assert_same_weights(straight.model, resumed.model, setup[2])

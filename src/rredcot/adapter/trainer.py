@@ -13,8 +13,10 @@ under every loss type), ``entropy`` weights tokens by the policy's entropy, ``rr
 by teacher forcing the reference pairs with the value model in a single pass per trace
 (:func:`rredcot.method.scoring.single_pass.score_traces_single_pass`), through
 :meth:`rredcot.method.assign.CreditAssigner.assign`. A method of the ``advantage`` form (``spo``,
-SPO-chain) gives every token its own advantage instead: those replace TRL's advantages as they are
-(:func:`rredcot.method.assign.paid_credit`), for every completion, whatever its group's advantage.
+SPO-chain; ``prime``, PRIME) gives every token its own advantage instead: those replace TRL's
+advantages as they are (:func:`rredcot.method.assign.paid_credit`), for every completion, whatever its
+group's advantage. PRIME's implicit process reward model (:mod:`rredcot.adapter.prime`) is updated on
+each generation batch before its credit is assigned, and saved in every checkpoint.
 
 Distributed runs (``accelerate launch``: DDP, DeepSpeed ZeRO-1/2/3, FSDP2): the credit passes run on
 whole parameters (:func:`rredcot.adapter.distributed.scoring_model`), so each process scores its own slice
@@ -40,10 +42,12 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from rredcot.adapter.distributed import check_backend, gather_objects, scoring_model
 from rredcot.adapter.engine import colocated_engine_options, run_decoder, run_engine, use_cpu_weight_sync
+from rredcot.adapter.prime import ImplicitPrm
 from rredcot.data.grading import grade
 from rredcot.lm.generation import sample_seed
 from rredcot.lm.rollouts import PolicyRollouts
@@ -76,7 +80,8 @@ class RREDCoTTrainer(GRPOTrainer):
     from character offsets to the values the task computes there (``rredcot.data.synthetic
     .exact_value_functions``), and ``rollout_reward`` for each trace's own outcome. ``spo`` needs
     ``rollout_reward`` as ``mc`` does (for the rollouts from its segment boundaries and each trace's
-    own outcome). Credit records of
+    own outcome); ``prime`` needs ``rollout_reward`` for each trace's outcome, the label of its implicit
+    process reward model, which the trainer builds and trains itself. Credit records of
     sampled traces accumulate in ``credit_views`` (main process) when ``view_every`` > 0.
     ``sampling_seed`` (an int) pairs the sampling of runs that share it (common random numbers, for
     comparing credit methods); None keeps TRL's random stream, and with uniform credit the run is
@@ -132,13 +137,22 @@ class RREDCoTTrainer(GRPOTrainer):
         if "reference_pairs" in self.credit.kind.needs and self.credit.value_model == "reference":
             # TRL keeps a reference model only when beta > 0; otherwise load a frozen initial policy.
             self._value_model = self.ref_model if self.ref_model is not None else self._frozen_start()
+        self._prime: ImplicitPrm | None = None
+        if "process_log_probs" in self.credit.kind.needs:
+            self._prime = self._implicit_prm()
         if not self.credit.kind.uniform and self.loss_type != "grpo":
             # σ sums to 1 per trace only under the sequence-mean normaliser.
             _log.info("loss_type=%r: σ·|o| is applied under that normaliser", self.loss_type)
 
     def _frozen_start(self) -> torch.nn.Module:
         """A frozen model with the initial policy's weights, prepared for the launcher as TRL prepares
-        its reference model.
+        its reference model (:meth:`_initial_copy`)."""
+        return self._initial_copy(trainable=False)
+
+    def _initial_copy(self, trainable: bool) -> torch.nn.Module:
+        """A model with the initial policy's weights: frozen and prepared for the launcher as TRL
+        prepares its reference model, or ``trainable`` (single process only: PRIME's reward model,
+        on the policy's device).
 
         A new instance, never a copy of the policy object: TRL rebinds the policy's ``forward`` (the
         fused LM head) to a closure over the live policy, which a deep copy would keep calling. The
@@ -163,15 +177,56 @@ class RREDCoTTrainer(GRPOTrainer):
                 )
             frozen = AutoModelForCausalLM.from_config(policy.config, dtype=dtype, attn_implementation=attn)
             frozen.load_state_dict(policy.state_dict())
-        frozen.requires_grad_(False)
         disable_dropout_in_model(frozen)
+        if trainable:
+            return frozen.to(self.accelerator.device).train()
+        frozen.requires_grad_(False)
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(frozen, self.accelerator)
         if self.is_fsdp_enabled:
             return prepare_fsdp(frozen, self.accelerator)
         return self.accelerator.prepare_model(frozen.eval(), evaluation_mode=True)
 
+    def _implicit_prm(self) -> ImplicitPrm:
+        """PRIME's implicit PRM: a trainable copy of the initial policy, and the frozen initial policy
+        as its reference (TRL's reference model when beta > 0, else one of its own). Single process."""
+        from trl.trainer.utils import add_fused_lm_head
+
+        if self.accelerator.num_processes > 1:
+            raise ValueError(
+                f"credit method {self.credit.method!r} trains its implicit reward model in one process "
+                f"only (this run has {self.accelerator.num_processes}): its update and its batch "
+                "statistics are not yet gathered over processes"
+            )
+        fused = {"temperature": self.temperature, "cast_lm_head_to_fp32": self.args.cast_lm_head_to_fp32}
+        prm = self._initial_copy(trainable=True)
+        add_fused_lm_head(prm, **fused)  # log-probabilities as TRL computes the policy's
+        reference = None
+        if self.ref_model is None:  # with one, TRL computes the reference's log-probabilities itself
+            reference = self._frozen_start()
+            add_fused_lm_head(self.accelerator.unwrap_model(reference), **fused)
+
+        def log_probs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep: int) -> Any:
+            return self._get_per_token_logps_and_entropies(model, ids, mask, keep)[0]
+
+        return ImplicitPrm(
+            prm,
+            reference,
+            self.credit.prime,
+            log_probs,
+            self.num_generations,
+            self.args.per_device_train_batch_size,
+        )
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        if self._prime is not None and self.args.should_save:  # PRIME's reward model resumes too
+            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            self._prime.save(os.path.join(self._get_output_dir(trial=trial), folder))
+
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if checkpoint is not None and self._prime is not None:
+            self._prime.load(checkpoint)
         # transformers loads a multi-process run's optimizer state with map_location=args.device;
         # for CPU processes (gloo) that is "cpu:0", which torch.load cannot restore to. Load it on
         # "cpu" as a single process would (GPU devices are unaffected).
@@ -297,7 +352,12 @@ class RREDCoTTrainer(GRPOTrainer):
             finals = self._group_finals(
                 inputs, self.processing_class.batch_decode(every, skip_special_tokens=True)
             )
-        rows = [i for i in range(len(inputs)) if (own or float(advantages[i]) != 0.0) and lengths[i] > 0]
+        grouped = "process_log_probs" in method.needs  # every completion of every group, empty ones too
+        rows = [
+            i
+            for i in range(len(inputs))
+            if (own or float(advantages[i]) != 0.0) and (lengths[i] > 0 or grouped)
+        ]
         values_at = None
         if "task_values" in method.needs:  # every completion of the process's batch gives the slip rate
             texts = [
@@ -321,6 +381,8 @@ class RREDCoTTrainer(GRPOTrainer):
                 text = self.processing_class.decode(item.completion_ids, skip_special_tokens=True)
                 item.outcome = self._reward(inputs[i], text)
             items.append(item)
+        if grouped:
+            self._update_prime(out, items, rows)
         rollouts = None
         if "rollouts" in method.needs:
             # Sampled as the run samples its completions, each rollout from a random stream of its
@@ -358,6 +420,24 @@ class RREDCoTTrainer(GRPOTrainer):
         if self.accelerator.is_main_process:
             self._keep_views(inputs, rows, [it.completion_ids for it in items], advantages, credits)
         return per_token
+
+    def _update_prime(self, out: dict[str, Any], items: list[TraceInput], rows: list[int]) -> None:
+        """Update PRIME's reward model on the batch's completions and their outcomes, give each trace
+        the log-probabilities read before the update, and log the update and its cost."""
+        assert self._prime is not None
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        attention = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        outcomes = torch.tensor([item.outcome for item in items], dtype=torch.float32)
+        result = self._prime.step(
+            ids, attention, out["completion_mask"], outcomes, out.get("ref_per_token_logps")
+        )
+        self._prime.supply(items, rows, result)
+        metrics = self._metrics["train"]
+        metrics["prime/loss"].append(result.loss)
+        metrics["prime/accuracy"].append(result.accuracy)
+        metrics["prime/grad_norm"].append(result.grad_norm)
+        metrics["prime/seconds"].append(result.seconds)
+        metrics["prime/memory_gib"].append(self._prime.memory_bytes() / 2**30)
 
     def _reward(self, row: dict[str, Any], text: str) -> float:
         value = float(self.rollout_reward(row, text))  # type: ignore[misc]
@@ -397,7 +477,9 @@ class RREDCoTTrainer(GRPOTrainer):
             found = [
                 j
                 for j, i in enumerate(rows)
-                if float(advantages[i]) * sign > 0 and len(set(credits[j].cuts)) == len(credits[j].cuts)
+                if float(advantages[i]) * sign > 0
+                and len(set(credits[j].cuts)) == len(credits[j].cuts)
+                and completions[j]
             ]
             return sorted(found, key=lambda j: len(credits[j].segment_starts) < 2)  # stable: batch order
 
@@ -458,6 +540,8 @@ class _CreditStats:
 
     def add(self, tc: TraceCredit) -> None:
         length = tc.multiplier.numel()
+        if length == 0:  # an empty completion (PRIME passes every one of a group): no σ to describe
+            return
         sigma = (tc.multiplier / length).double()
         self.max_share.append(float(sigma.max()))
         nz = sigma[sigma > 0]

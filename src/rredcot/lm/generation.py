@@ -340,4 +340,5 @@ def device_name() -> str:
     """The device that runs a study, for captions and logs."""
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
-    return f"CPU ({torch.get_num_threads()} threads)"
+    n = torch.get_num_threads()
+    return f"CPU ({n} thread{'' if n == 1 else 's'})"

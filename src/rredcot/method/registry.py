@@ -17,9 +17,10 @@ share of the trace's GRPO advantage A, and token t's advantage is A·σ_t·|o|; 
 .multiplier`` turns the rewards into ``σ·|o|``. ``advantage``: the method gives every token an
 advantage of its own (``SegmentRewards.advantages``, signed, in the method's units) and A is not
 multiplied in: SPO-chain's segment advantages V(end) − V(start), which a share of A cannot express
-(a right trace's segment can lose value, a wrong trace's gain it). ``CreditSettings.read_by`` and
-the TRL adapter read ``reads`` and ``needs`` from the registered source. The built-in sources and methods
-live in ``rredcot.method.sources`` (one module each); a new one is one more registered function.
+(a right trace's segment can lose value, a wrong trace's gain it), and PRIME's token advantages.
+``CreditSettings.read_by`` and the TRL adapter read ``reads`` and ``needs`` from the registered source.
+The built-in sources and methods live in ``rredcot.method.sources`` (one module each); a new one is
+one more registered function.
 """
 
 from __future__ import annotations
@@ -56,6 +57,15 @@ class TraceInput:
     task_values: Callable[[list[int]], list[float]] | None = None
     """The trace's values at character offsets of its completion text, computed by the task itself
     (``rredcot.data.synthetic.exact_values``); the ``task_values`` need."""
+    prm_log_probs: Tensor | None = None
+    """log π_PRM(o_t | prompt, o_<t) of every completion token under an implicit process reward
+    model (float, one per token; the ``process_log_probs`` need, with ``ref_log_probs`` and
+    ``group``)."""
+    ref_log_probs: Tensor | None = None
+    """The same tokens' log-probabilities under the frozen reference the PRM is measured against."""
+    group: int | None = None
+    """The trace's group (the completions of one prompt): the traces of a group are consecutive
+    items and every group has as many (the trainer's ``num_generations``)."""
 
 
 Rollouts = Callable[[torch.nn.Module, list[TraceInput], list[list[int]]], list[list[float]]]
@@ -115,14 +125,17 @@ class RewardSource:
     """``CreditSettings`` fields the source reads, beyond those every credit method reads."""
     needs: tuple[str, ...]
     """What the caller supplies: ``reference_pairs`` (``TraceInput.pairs``), ``culprit``,
-    ``outcome``, ``task_values`` (``TraceInput`` fields), ``rollouts`` (``assign(rollouts=...)``)."""
+    ``outcome``, ``task_values`` (``TraceInput`` fields), ``rollouts`` (``assign(rollouts=...)``),
+    ``process_log_probs`` (``TraceInput.prm_log_probs``, ``ref_log_probs`` and ``group``: an implicit
+    process reward model's and its reference's token log-probabilities, every completion of each
+    group)."""
     segments: bool
     """Whether the source cuts the trace with the shared segmentation at exit points (and so reads
     ``segmentation``); SPO-chain cuts its own segments, by token probability, and does not."""
     description: str
 
 
-NEEDS = ("reference_pairs", "culprit", "outcome", "rollouts", "task_values")
+NEEDS = ("reference_pairs", "culprit", "outcome", "rollouts", "task_values", "process_log_probs")
 REWARD_SOURCES: dict[str, RewardSource] = {}
 """Reward sources by name (``register_reward_source`` adds one)."""
 

@@ -76,6 +76,53 @@ class SpoSettings(MonteCarloSettings):
 
 
 @dataclass
+class PrimeSettings:
+    """PRIME (``prime``; Process Reinforcement through IMplicit rEwards, arXiv 2502.01456): the implicit
+    process reward model's token rewards, how they are combined with the outcome into token
+    advantages, and the PRM's own optimizer, with PRIME's defaults (docs/method.md, "PRIME"). The
+    PRM is a trainable copy of the model RL starts from, updated once per generation batch on its
+    completions' outcomes; its token reward is ``beta·(log π_PRM − log π_ref)``."""
+
+    beta: float = field(default=0.05, metadata={"exclusiveMinimum": 0.0})
+    """β of the implicit reward β·log(π_PRM/π_ref), in the PRM's loss and its token rewards (PRIME's
+    ``beta_train``). With ``normalise`` on, the advantages do not depend on it; the PRM's loss does."""
+    granularity: Literal["token", "whole"] = "token"
+    """``token``: every completion token gets its own process reward (PRIME's default); ``whole``: the
+    trace's summed reward sits on its last token."""
+    normalise: bool = True
+    """Divide the process rewards by the largest process return of the batch in magnitude (PRIME's
+    ``batch_norm``), so that none exceeds 1."""
+    process_coef: float = field(default=1.0, metadata={"minimum": 0.0})
+    """Weight of the process returns in the token advantages (PRIME's estimator sums both returns
+    unweighted)."""
+    outcome_coef: float = field(default=1.0, metadata={"minimum": 0.0})
+    """Weight of the outcome's leave-one-out return in the token advantages."""
+    process_gamma: float = field(default=1.0, metadata={"minimum": 0.0, "maximum": 1.0})
+    """Discount of the process rewards' returns (PRIME's ``reward_model_gamma``)."""
+    outcome_gamma: float = field(default=1.0, metadata={"minimum": 0.0, "maximum": 1.0})
+    """Discount of the outcome's return from the last token back (PRIME's ``verifier_gamma``)."""
+    whiten: bool = True
+    """Whiten the token advantages over every completion token of the batch (mean 0, variance 1), as
+    PRIME's trainer does before its policy loss."""
+    lr: float = field(default=1e-6, metadata={"exclusiveMinimum": 0.0})
+    """The PRM's AdamW learning rate (constant, no warmup; PRIME's 1e-6)."""
+    weight_decay: float = field(default=0.0, metadata={"minimum": 0.0})
+    """The PRM's AdamW weight decay (PRIME's 0)."""
+    grad_clip: float = field(default=10.0, metadata={"exclusiveMinimum": 0.0})
+    """The PRM's gradient norm is clipped to this before each step (PRIME's 10)."""
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0 or self.lr <= 0 or self.grad_clip <= 0:
+            raise ValueError("prime beta, lr and grad_clip must be positive")
+        if self.granularity not in ("token", "whole"):
+            raise ValueError(f"prime granularity must be 'token' or 'whole', got {self.granularity!r}")
+        if min(self.process_coef, self.outcome_coef, self.weight_decay) < 0:
+            raise ValueError("prime process_coef, outcome_coef and weight_decay must be non-negative")
+        if not (0.0 <= self.process_gamma <= 1.0 and 0.0 <= self.outcome_gamma <= 1.0):
+            raise ValueError("prime process_gamma and outcome_gamma must lie in [0, 1]")
+
+
+@dataclass
 class CreditSettings:
     """How credit is computed, whatever the method: the settings every training method of an
     experiment shares (the workflow's ``credit`` section has exactly these keys)."""
@@ -116,6 +163,9 @@ class CreditSettings:
     """Policy rollouts of the Monte Carlo credit method (``mc``)."""
     spo: SpoSettings = field(default_factory=SpoSettings)
     """SPO-chain's cutpoints, segment boundaries and rollouts (``spo``)."""
+    prime: PrimeSettings = field(default_factory=PrimeSettings)
+    """PRIME's implicit process rewards, their combination with the outcome, and the PRM's optimizer
+    (``prime``)."""
     view_every: int = 10
     """Keep credit records of a few traces every this many steps for inspection (0: never)."""
     view_samples: int = 2
@@ -167,7 +217,7 @@ class CreditConfig(CreditSettings):
 
     method: str = "rredcot"
     """A registered credit method (``rredcot.method.registry.CREDIT_METHODS``): ``uniform``,
-    ``rredcot``, ``entropy``, ``rredcot+entropy``, ``oracle``, ``exact``, ``mc``, ``spo``."""
+    ``rredcot``, ``entropy``, ``rredcot+entropy``, ``oracle``, ``exact``, ``mc``, ``spo``, ``prime``."""
     exit_string: str = DEFAULT_EXIT_STRING
     """Text that closes the thinking block at an exit point."""
     answer_prefix: str = DEFAULT_ANSWER_PREFIX

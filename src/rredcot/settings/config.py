@@ -83,7 +83,9 @@ class Arm:
     measured step-error rate: noise-free credit of right and wrong traces, the check of whether the
     task can judge credit at all), spo (SPO-chain, arXiv 2505.23564: segments cut where the policy
     is unsure, Monte Carlo values at their boundaries, each segment's change of value as the
-    advantage of its tokens in place of the group's). docs/method.md, "Credit methods"."""
+    advantage of its tokens in place of the group's), prime (PRIME, arXiv 2502.01456: token rewards
+    from an implicit process reward model trained online on the outcomes, with the outcome's
+    leave-one-out advantage, in place of the group's). docs/method.md, "Credit methods"."""
     loss_type: LossType = "grpo"
     """TRL loss normaliser; grpo is the sequence mean (σ = 1/|o|)."""
     label: str | None = None
@@ -115,6 +117,8 @@ def _default_arms() -> dict[str, Arm]:
         "mc": Arm("mc", "grpo", "MC"),
         # SPO-chain (arXiv 2505.23564), a published segment-level method: its own token advantages.
         "spo": Arm("spo", "grpo", "SPO-chain"),
+        # PRIME (arXiv 2502.01456), a published token-level method: implicit process rewards.
+        "prime": Arm("prime", "grpo", "PRIME"),
         "entropy_mask": Arm("uniform", "grpo", "GRPO 80/20", top_entropy_quantile=0.2),
     }
 

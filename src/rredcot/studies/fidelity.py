@@ -96,9 +96,11 @@ _log = logging.getLogger(__name__)
 
 JUDGE = "exact"
 """The method whose values are the truth."""
-SUPPLIED = frozenset(NEEDS)
+SUPPLIED = frozenset(NEEDS) - {"process_log_probs"}
 """What the study gives a reward source: every need the registry knows (reference pairs, culprit,
-outcome, rollouts, task values)."""
+outcome, rollouts, task values) but ``process_log_probs``, the token log-probabilities of PRIME's
+implicit reward model, which only a training run has (it learns online from the run's outcomes; on
+the starting model's traces it equals its reference and PRIME's credit is the outcome's alone)."""
 MIN_SEGMENTS = 3
 """A trace's own rank correlation needs at least this many segments."""
 

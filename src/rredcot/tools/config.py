@@ -35,8 +35,13 @@ WIDTH = 100
 
 
 def _scalar(value: Any) -> str:
-    """A YAML scalar or flow collection (JSON is YAML)."""
-    return json.dumps(value, ensure_ascii=False)
+    """A YAML scalar or flow collection (JSON is YAML). A float in exponent form gets a dot in its
+    mantissa (``1.0e-06``): YAML 1.1 reads ``1e-06`` as text."""
+    text = json.dumps(value, ensure_ascii=False)
+    if isinstance(value, float) and "e" in text and "." not in text:
+        mantissa, exponent = text.split("e")
+        return f"{mantissa}.0e{exponent}"
+    return text
 
 
 def _comment(text: str, indent: str) -> list[str]:

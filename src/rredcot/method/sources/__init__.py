@@ -7,7 +7,9 @@
 - ``exact``: values the synthetic task computes at the same exit points (``exact``), registered as any
   added method is;
 - ``spo``: SPO-chain's segment advantages from rollouts at boundaries where the policy is unsure
-  (``spo``, arXiv 2505.23564), a method of the ``advantage`` form.
+  (``spo``, arXiv 2505.23564), a method of the ``advantage`` form;
+- ``implicit_prm``: PRIME's token advantages from an implicit process reward model the caller trains
+  online (``prime``, arXiv 2502.01456), a method of the ``advantage`` form.
 
 Importing this package registers them (``rredcot.method.registry``) in the order of the imports
 below, which is the order the config lists the methods in. A new credit method is one more module
@@ -22,4 +24,5 @@ from rredcot.method.sources import oracle  # noqa: F401
 from rredcot.method.sources import monte_carlo  # noqa: F401
 from rredcot.method.sources import exact  # noqa: F401
 from rredcot.method.sources import spo  # noqa: F401
+from rredcot.method.sources import prime  # noqa: F401
 # isort: on
