@@ -108,8 +108,10 @@ def plot_fidelity(rows: Sequence[Mapping[str, Any]], info: Mapping[str, Any], pa
         ax.set_xlabel("wall seconds of credit per trace (log scale)")
         ax.axhline(0.0, color="0.5", lw=0.8)
     axes[0].set_ylabel("rank correlation (bar: 95% interval, bootstrap over problems)")
-    axes[1].legend(fontsize=7, loc="best")
+    # Beside the panels, not on them: the points fill both panels' ranges.
+    handles, labels = axes[1].get_legend_handles_labels()
     fig.tight_layout()
+    fig.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     skipped = info.get("skipped") or {}
     comparison = info.get("comparison")
     versus = ""
