@@ -33,6 +33,10 @@ from torch import Tensor
 # ±inf or NaN (-inf - -inf). Two such exit points in a row then differ by exactly 0.
 LOG_VALUE_FLOOR: float = -1.0e4
 
+# Added to the variance before token advantages are whitened (``whitening``): the value of the PPO-style
+# trainers of SPO and PRIME.
+WHITEN_EPS: float = 1e-8
+
 # A trace whose total signed credit Σ g_k (in its rewards' units) is at most this has nothing to
 # redistribute.
 MIN_TOTAL_CREDIT: float = 1.0e-8
@@ -194,6 +198,15 @@ def token_multiplier(
     sigma = (1.0 - mix) / n_tokens + mix * seg_weight[seg] * share
     out[mask] = (sigma * n_tokens).to(torch.float32)
     return out
+
+
+@torch.no_grad()
+def whitening(sample: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and scale ``1 / sqrt(var + WHITEN_EPS)`` (unbiased variance) of ``sample``, for whitening
+    token advantages as PPO-style trainers do (``(a − mean) · scale``); at least two entries."""
+    if sample.numel() < 2:
+        raise ValueError(f"whitening needs at least two values, got {sample.numel()}")
+    return sample.mean(), torch.rsqrt(sample.var(unbiased=True) + WHITEN_EPS)
 
 
 # --------------------------------------------------------------------------------------------------

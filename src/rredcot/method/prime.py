@@ -71,11 +71,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rredcot.method.credit import whitening
+
 NORMALISE_EPS: float = 1e-6
 """Added to the largest |process return| before dividing by it, as PRIME's ``batch_norm`` adds it."""
 
-WHITEN_EPS: float = 1e-8
-"""Added to the variance before whitening, as PRIME's trainer adds it."""
 
 GRANULARITIES = ("token", "whole")
 
@@ -265,9 +265,8 @@ def masked_whiten(values: Tensor, mask: Tensor) -> Tensor:
     n = int(mask.sum())
     if n < 2:
         raise ValueError(f"whitening needs at least two completion tokens in the batch, got {n}")
-    sample = _float(values)[mask]
-    mean, var = sample.mean(), sample.var(unbiased=True)
-    whitened = (_float(values) - mean) * torch.rsqrt(var + WHITEN_EPS)
+    mean, scale = whitening(_float(values)[mask])
+    whitened = (_float(values) - mean) * scale
     return torch.where(mask, whitened, 0.0)
 
 

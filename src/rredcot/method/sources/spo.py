@@ -54,6 +54,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from rredcot.method import credit as C
 from rredcot.method.forward import LogitHead, causal_states, model_device, pad_right, to_host
 from rredcot.method.registry import (
     Batch,
@@ -64,9 +65,6 @@ from rredcot.method.registry import (
 )
 from rredcot.method.scoring.batching import length_chunks, spans
 from rredcot.method.scoring.types import ScoringBudget
-
-WHITEN_EPS = 1e-8
-"""Added to the variance before whitening, as SPO's trainer adds it."""
 
 
 def completion_probabilities(
@@ -151,15 +149,14 @@ def spread(starts: Sequence[int], advantages: Tensor, n_tokens: int) -> Tensor:
 
 def whiten(advantages: list[Tensor], masks: list[Tensor]) -> list[Tensor]:
     """The advantages of several traces whitened together over their masked tokens: minus the mean,
-    over sqrt(unbiased variance + ``WHITEN_EPS``), as SPO's trainer does (with no masked token, over
-    every token). Fewer than two tokens to measure: returned as they are."""
+    over sqrt(unbiased variance + ``credit.WHITEN_EPS``), as SPO's trainer does (with no masked token,
+    over every token). Fewer than two tokens to measure: returned as they are."""
     pool = torch.cat(advantages) if advantages else torch.zeros(0, dtype=torch.float64)
     chosen = torch.cat(masks) if masks else torch.zeros(0, dtype=torch.bool)
     sample = pool[chosen] if bool(chosen.any()) else pool
     if sample.numel() < 2:
         return advantages
-    mean, var = sample.mean(), sample.var(unbiased=True)
-    scale = torch.rsqrt(var + WHITEN_EPS)
+    mean, scale = C.whitening(sample)
     return [(a - mean) * scale for a in advantages]
 
 
