@@ -28,6 +28,7 @@ from rredcot.method.registry import TraceInput, credit_method
 from rredcot.method.settings import CreditSettings, PrimeSettings
 from rredcot.method.sources import prime as source
 from rredcot.settings.config import credit_config
+from rredcot.viz.credit_view import write_views
 
 
 def paper_advantages(
@@ -232,6 +233,9 @@ def test_the_first_step_pays_the_outcomes_leave_one_out_advantage(setup):
     assert moved  # the PRM learnt from the outcomes
     for a, p in zip(ref_before, prime.reference.parameters(), strict=True):
         assert torch.equal(a, p)  # the reference did not
+    views = trainer.credit_views  # PRIME's credit pictures: no entropies, its token advantages; they draw
+    assert views and all(v["entropies"] is None and len(v["advantages"]) == len(v["tokens"]) for v in views)
+    assert write_views(views, setup[-1] / "views")
 
 
 def test_prime_trains_and_resumes_bit_for_bit(setup):

@@ -23,6 +23,7 @@ from rredcot.method.registry import CreditMethod, TraceInput, credit_method
 from rredcot.method.settings import CreditSettings, SpoSettings
 from rredcot.method.sources import spo
 from rredcot.settings.config import credit_config
+from rredcot.viz.credit_view import write_views
 
 PROBLEM = "Start at 9, times 2, add 6. Work mod 10."
 TRACE = (
@@ -249,6 +250,11 @@ def test_trainer_applies_spos_own_token_advantages(setup):
     assert metrics["credit/seconds_probabilities"][-1] > 0
     # SPO's advantages, not shares of one sign: some completion holds both signs.
     assert any((adv[i][mask[i]] > 0).any() and (adv[i][mask[i]] < 0).any() for i in range(adv.shape[0]))
+    # The step's credit pictures: SPO reads no entropies, so its records carry none, and its own
+    # token advantages; they draw.
+    views = trainer.credit_views
+    assert views and all(v["entropies"] is None and len(v["advantages"]) == len(v["tokens"]) for v in views)
+    assert write_views(views, setup[-1] / "views")
 
 
 def test_spo_training_resumes_bit_for_bit(setup):

@@ -299,7 +299,8 @@ def credit_record(
         "log_values": finite(credit.log_values),
         "thought_nll": finite(first(credit.log_p_solution)) if credit.log_p_solution.numel() else None,
         "answer_nll": finite(first(credit.log_p_answer)) if credit.log_p_answer.numel() else None,
-        "entropies": [float(h) for h in credit.entropies.tolist()],
+        # A method that reads no entropies (SPO-chain, PRIME) has none to picture.
+        "entropies": [float(h) for h in credit.entropies.tolist()] if credit.entropies.numel() else None,
         "answer_reward": credit.answer_reward,
         "answer_baseline": baseline_text,
         "segment_rewards": credit.segment_rewards.tolist() if credit.segment_rewards.numel() else None,
