@@ -15,6 +15,7 @@ from rredcot.settings.config import load_config
 from rredcot.studies import claims as C
 from rredcot.studies import claims_markdown as MD
 from rredcot.studies import claims_table as CT
+from rredcot.studies import methods_table as MT
 from rredcot.studies import power as PW
 
 SOURCES = {k: f"{k}.csv" for k in ("paired", "cost", "truncation", "attribution", "prm", "variance")} | {
@@ -507,3 +508,174 @@ def test_the_prm_claim_needs_a_prm_that_learned_step_values(inputs):
     assert "AUC 0.70, 600 steps" in C.prm_skill(_prm_json(0.09))[1]
     # A hub PRM has no prm.json: the correlations alone decide.
     assert claim(None).verdict == "supported" and "validation" not in claim(None).measure
+
+
+def _public_inputs(inputs, run_arms):
+    """The fixture's run with the field's public methods: SPO-chain ahead of GRPO, and RREDCoT behind it
+    by more than the threshold at equal steps and at equal compute; PRIME ahead of GRPO by less than
+    the threshold, with no pair with RREDCoT."""
+    _, paired, *rest = inputs
+    cfg = load_config("config/config.yaml", {"run_arms": run_arms})
+    rows = [
+        ("SPO-chain", "GRPO", "sampled", 3, 100, 0.02, 0.01, 0.03, 20.0, 10.0, 30.0)
+        + (0.015, 0.008, 0.022, 0.01, 0.2),
+        ("RREDCoT", "SPO-chain", "sampled", 3, 100, -0.03, -0.05, -0.01, 40.0, 30.0, 50.0)
+        + (-0.01, -0.02, 0.0, 0.01, 0.2),
+        ("PRIME", "GRPO", "sampled", 3, 100, 0.002, -0.002, 0.004, 25.0, 15.0, 35.0)
+        + (0.001, -0.001, 0.003, 0.01, 0.2),
+    ]
+    spo = COMPUTE.with_columns(
+        pl.lit("SPO-chain").alias("reference"),
+        pl.lit(-0.03).alias("equal_compute_diff"),
+        pl.lit(-0.05).alias("equal_compute_low"),
+        pl.lit(-0.01).alias("equal_compute_high"),
+    )
+    return (cfg, pl.concat([paired, _paired(rows)]), *rest), pl.concat([COMPUTE, spo])
+
+
+PUBLIC_ROWS = [
+    "spo_beats_grpo",
+    "spo_sample_efficiency",
+    "rredcot_beats_spo",
+    "rredcot_vs_spo_at_equal_compute",
+    "prime_beats_grpo",
+    "prime_sample_efficiency",
+    "rredcot_beats_prime",
+    "rredcot_vs_prime_at_equal_compute",
+]
+
+
+def test_public_methods_are_held_against_grpo_and_rredcot(inputs):
+    """An spo or prime arm adds its four rows after the paper's claims, before the testbed's checks,
+    and leaves every other row as it was; a pair the run did not make says where it comes from."""
+    before = CT.claims_table(*inputs, SOURCES, COMPUTE)
+    args, compute = _public_inputs(inputs, ["grpo", "rredcot", "mc", "oracle", "exact", "spo", "prime"])
+    after = CT.claims_table(*args, SOURCES, compute)
+    names = [c.claim for c in before]
+    cut = names.index("testbed_exact_beats_grpo")
+    assert [c.claim for c in after] == names[:cut] + PUBLIC_ROWS + names[cut:]
+    assert [c for c in after if c.claim not in PUBLIC_ROWS] == before
+    rows = {c.claim: c for c in after}
+    assert {k: rows[k].verdict for k in PUBLIC_ROWS} == {
+        "spo_beats_grpo": "supported",  # [0.01, 0.03]
+        "spo_sample_efficiency": "supported",  # leads by [0.008, 0.022] over the run
+        "rredcot_beats_spo": "contradicted",  # [-0.05, -0.01]: RREDCoT behind by more than 0.005
+        "rredcot_vs_spo_at_equal_compute": "contradicted",  # [-0.05, -0.01] at equal seconds
+        "prime_beats_grpo": "too small to matter",  # [-0.002, 0.004]
+        "prime_sample_efficiency": "too small to matter",  # [-0.001, 0.003]
+        "rredcot_beats_prime": "inconclusive",  # no pair
+        "rredcot_vs_prime_at_equal_compute": "inconclusive",
+    }
+    assert rows["rredcot_beats_spo"].statement == (
+        "RREDCoT reaches a higher final accuracy than SPO-chain at equal steps"
+    )
+    assert rows["rredcot_beats_spo"].value == -0.03 and rows["rredcot_beats_spo"].note == ""
+    assert rows["spo_beats_grpo"].statement == "SPO-chain reaches a higher final accuracy than GRPO"
+    equal = rows["rredcot_vs_spo_at_equal_compute"]
+    assert "not behind SPO-chain" in equal.statement and equal.source == "compute.csv"
+    for name in ("rredcot_beats_prime", "rredcot_vs_prime_at_equal_compute"):
+        assert "report.pairs holds [rredcot, prime]" in rows[name].note
+    # The Monte Carlo row at equal compute keeps its name and its note.
+    assert rows["rredcot_matches_mc_at_equal_compute"].note.startswith("judged by size")
+
+
+def test_public_methods_without_their_arm_add_no_rows(inputs):
+    args, compute = _public_inputs(inputs, ["grpo", "rredcot", "spo"])
+    names = [c.claim for c in CT.claims_table(*args, SOURCES, compute)]
+    assert [n for n in names if n in PUBLIC_ROWS] == PUBLIC_ROWS[:4]
+    args, compute = _public_inputs(inputs, ["grpo", "rredcot", "oracle"])
+    assert not set(PUBLIC_ROWS) & {c.claim for c in CT.claims_table(*args, SOURCES, compute)}
+
+
+def test_each_arm_names_claims_the_table_holds(inputs):
+    run = ["grpo", "rredcot", "mc", "oracle", "exact", "spo", "prime"]
+    args, compute = _public_inputs(inputs, run)
+    names = {c.claim for c in CT.claims_table(*args, SOURCES, compute)}
+    by_arm = CT.arm_claims(args[0])
+    assert set(by_arm) == set(run) - {"grpo"}  # the reference has no claim against itself
+    held = {n for c in by_arm.values() for n in vars(c).values() if n is not None}
+    assert held <= names
+    assert held & set(PUBLIC_ROWS) == {n for n in PUBLIC_ROWS if "sample_efficiency" not in n}
+    assert by_arm["mc"] == CT.ArmClaims(
+        "mc_beats_grpo", "rredcot_matches_mc", "rredcot_matches_mc_at_equal_compute"
+    )
+    assert by_arm["rredcot"] == CT.ArmClaims("rredcot_beats_grpo")
+
+
+def _fidelity_row(key: str, method: str, samples: int | None, rho: float) -> dict:
+    return {
+        "key": key,
+        "method": method,
+        "samples": samples,
+        "rho_trace": rho,
+        "rho_trace_low": rho - 0.1,
+        "rho_trace_high": rho + 0.1,
+    }
+
+
+FIDELITY = {
+    "rows": [
+        _fidelity_row("uniform", "uniform", None, 0.0),
+        _fidelity_row("rredcot", "rredcot", None, 0.5),
+        *(_fidelity_row(f"mc@{m}", "mc", m, 0.1 * m) for m in (2, 4, 8)),
+        _fidelity_row("spo", "spo", None, 0.3),
+    ],
+    "skipped": {"prime": "needs prime_rewards, which the study cannot supply"},
+}
+
+
+def test_methods_table_puts_each_arm_beside_the_others(inputs):
+    run = ["grpo", "rredcot", "mc", "spo", "prime"]
+    args, compute = _public_inputs(inputs, run)
+    cfg, paired, cost = args[0], args[1], args[2]
+    cost = pl.concat(
+        [cost, pl.DataFrame([{"item": "PRIME", "kind": "train", "step_ratio_to_grpo": 2.5}])], how="diagonal"
+    ).with_columns(
+        pl.when(pl.col("item") == "PRIME").then(3.25).otherwise(None).alias("extra_memory_gib"),
+        pl.when(pl.col("item") == "MC").then(0.8).otherwise(None).alias("credit_s_per_step"),
+    )
+    claims = CT.claims_table(*args, SOURCES, compute)
+    verdicts = {c.claim: c.verdict for c in claims}
+    rows = {m.arm: m for m in MT.methods_table(cfg, claims, paired, cost, FIDELITY)}
+    assert list(rows) == run
+    grpo, rredcot, mc, spo, prime = rows.values()
+    # The reference: no difference with itself, no claims; its uniform credit has a fidelity row.
+    assert grpo.diff is None and grpo.claim_vs_reference is None and grpo.verdict_vs_reference is None
+    assert (grpo.fidelity_key, grpo.rho_trace, grpo.step_ratio_to_grpo) == ("uniform", 0.0, 1.0)
+    assert (rredcot.diff, rredcot.diff_low, rredcot.diff_high) == (0.01, -0.02, 0.04)
+    assert (rredcot.area, rredcot.area_low, rredcot.area_high) == (0.02, 0.01, 0.03)
+    assert rredcot.claim_rredcot_at_equal_steps is None and rredcot.verdict_vs_reference == "inconclusive"
+    # MC at the budget it trains with (credit.mc.samples = 4), its claims the non-inferiority ones.
+    assert mc.fidelity_key == "mc@4" and mc.rho_trace == pytest.approx(0.4)
+    assert (mc.rho_trace_low, mc.rho_trace_high) == (pytest.approx(0.3), pytest.approx(0.5))
+    assert (mc.step_ratio_to_grpo, mc.credit_s_per_step) == (9.0, 0.8)
+    assert (mc.claim_rredcot_at_equal_steps, mc.verdict_rredcot_at_equal_steps) == (
+        "rredcot_matches_mc",
+        verdicts["rredcot_matches_mc"],
+    )
+    assert mc.verdict_rredcot_at_equal_compute == "supported"
+    assert (spo.diff, spo.fidelity_key, spo.rho_trace) == (0.02, "spo", 0.3)
+    assert (spo.verdict_vs_reference, spo.verdict_rredcot_at_equal_steps) == ("supported", "contradicted")
+    assert spo.claim_rredcot_at_equal_compute == "rredcot_vs_spo_at_equal_compute"
+    assert spo.verdict_rredcot_at_equal_compute == "contradicted"
+    # PRIME: the study skipped it, so no fidelity; its extra model's memory from cost.csv.
+    assert prime.fidelity_key is None and prime.rho_trace is None
+    assert (prime.step_ratio_to_grpo, prime.extra_memory_gib) == (2.5, 3.25)
+    assert prime.verdict_vs_reference == "too small to matter"
+    assert prime.verdict_rredcot_at_equal_steps == "inconclusive"
+    # An arm trained at another budget is read at it; off the synthetic task there is no fidelity.
+    arms = {"mc": {"credit_options": {"mc": {"samples": 8}}}}
+    other = load_config("config/config.yaml", {"run_arms": run, "arms": arms})
+    assert MT.methods_table(other, claims, paired, cost, FIDELITY)[2].fidelity_key == "mc@8"
+    assert all(m.rho_trace is None for m in MT.methods_table(cfg, claims, paired, cost, None))
+    # claims.md: the section after the claims, before the power; intervals in brackets.
+    md = MD.markdown(claims, "x", PW.power_table(paired), (), list(rows.values()))
+    section = md[md.index("## Methods side by side") : md.index("## Power of the accuracy")]
+    table = [line for line in section.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + len(run)
+    assert {line.count("|") for line in table} == {11}
+    assert "| SPO-chain | 0.020 [0.010, 0.030] | 0.015 [0.008, 0.022] | 0.300 [0.200, 0.400] |" in section
+    assert "0.400 [0.300, 0.500] (`mc@4`)" in section
+    assert "contradicted (`rredcot_beats_spo`)" in section and "| 3.250 |" in section
+    assert "| GRPO | - | - | 0.000 [-0.100, 0.100] | 1.000 |" in section
+    assert "## Methods side by side" not in MD.markdown(claims, "x")

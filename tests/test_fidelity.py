@@ -14,12 +14,13 @@ import yaml
 from synthetic_setup import synthetic_setup
 
 from rredcot import credit_methods
+from rredcot.adapter.prime import causal_log_probs
 from rredcot.infra.io import write_jsonl
 from rredcot.method.assign import CreditAssigner, TraceCredit, paid_credit
 from rredcot.method.registry import TraceInput
 from rredcot.method.settings import CreditConfig
-from rredcot.settings.config import load_config
-from rredcot.studies import fidelity, traces
+from rredcot.settings.config import credit_config, load_config
+from rredcot.studies import fidelity, fidelity_prime, traces
 from rredcot.studies.claims import CORRELATION_DIFFERENCE_THRESHOLD, fidelity_claim
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,10 +182,9 @@ def test_every_registered_method_is_a_point_and_mc_one_per_budget(monkeypatch: p
     cfg = load_config(ROOT / "config" / "config.yaml")
     points, skipped = fidelity.method_points(cfg, credit_methods(), [1, 4])
     keys = [p.key for p in points]
-    # PRIME's reward model is trained online: the study has none to give it.
-    assert "mc@1" in keys and "mc@4" in keys and "mc" not in keys and set(skipped) == {"prime"}
-    assert "process_log_probs" in skipped["prime"]
-    assert {p.method for p in points} == set(credit_methods()) - {"prime"}
+    # Every need is supplied, PRIME's reward model included (trained online over the traces).
+    assert "mc@1" in keys and "mc@4" in keys and "mc" not in keys and not skipped
+    assert {p.method for p in points} == set(credit_methods())
     assert {p.config.mc.samples for p in points if p.method == "mc"} == {1, 4}
     monkeypatch.setattr(fidelity, "SUPPLIED", fidelity.SUPPLIED - {"rollouts"})
     points, skipped = fidelity.method_points(cfg, credit_methods(), [1, 4])
@@ -203,6 +203,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "results_dir": str(root / "results"),
         "credit": {"segmentation": {"n_segments": 3}},
         "studies": {"n_traces": 6, "max_new_tokens": 24, "fidelity": {"traces": 6, "mc_samples": [1, 2]}},
+        # PRIME's groups of 4, its reward model updated after every two: three updates over six traces.
+        "rl": {"num_generations": 4, "prompts_per_step": 2},
     }
     (root / "override.yaml").write_text(yaml.safe_dump(override))
     cfg = ["--config", str(ROOT / "config" / "config.yaml"), str(root / "override.yaml")]
@@ -219,9 +221,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_study_scores_every_method_and_writes_its_outputs(run: Path) -> None:
     summary = json.loads((run / "f.json").read_text())
     table = pl.read_csv(run / "f.csv")
-    expected = [m for m in credit_methods() if m not in ("mc", "prime")]
+    expected = [m for m in credit_methods() if m != "mc"]
     keys = table["key"].to_list()
-    assert set(keys) == {*expected, "mc@1", "mc@2"} and set(summary["skipped"]) == {"prime"}
+    assert set(keys) == {*expected, "mc@1", "mc@2"} and not summary["skipped"]
+    prime = summary["costs"]["prime"]
+    assert prime["updates"] == 3 and prime["completions"] == 6 * 4 and 0 < prime["seconds"]
     assert summary["traces"] + len(summary["dropped"]) == 6
     assert (table["seconds"] >= 0).all() and table.filter(pl.col("key") == "mc@2")["rollouts_per_trace"][
         0
@@ -236,3 +240,48 @@ def test_the_study_scores_every_method_and_writes_its_outputs(run: Path) -> None
         "mc@1",
         "mc@2",
     }
+
+
+# ------------------------------------------------------------------------------ PRIME, online
+def test_left_padded_log_probs_are_each_rows_own() -> None:
+    """The PRM's log-probabilities of a left-padded batch equal each row's scored alone (positions
+    count from the row's first token), and carry a gradient."""
+    _, tok, model, _ = synthetic_setup()
+    model.eval()
+    rows = [([5, 6, 7, 8, 9], [10, 11, 12]), ([5, 6], [13, 14, 15, 16])]
+    items = [TraceInput(p, c, 0.0, []) for p, c in rows]
+    ids, attention, completion = fidelity_prime.batch_tensors(items, pad_id=0)
+    assert completion.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    batch = causal_log_probs(model, ids, attention, completion.shape[1])
+    assert batch.requires_grad
+    for i, (p, c) in enumerate(rows):
+        alone = torch.tensor([p + c])
+        want = causal_log_probs(model, alone, torch.ones_like(alone), len(c))[0]
+        torch.testing.assert_close(batch[i, : len(c)], want, rtol=1e-5, atol=1e-5)
+
+
+def test_prime_learns_online_and_pays_the_outcome_alone_before_its_first_update() -> None:
+    """Before its first update the PRM equals its reference: each trace of the first batch is paid its
+    outcome's leave-one-out advantage on every token alike. After it the PRM has moved, and a trace of
+    a later batch is paid unevenly; the groups' first traces are the ones returned."""
+    cfg, tok, model, _ = synthetic_setup()
+    model.eval()
+    config = credit_config(cfg, "rredcot", "prime")
+    prompt = CreditAssigner(tok, config).encode("Problem: Start at 3, add 4. Work mod 10.\n<think>\n")
+    g = torch.Generator().manual_seed(0)
+    groups = []
+    for j in range(4):
+        group = []
+        for k in range(3):
+            completion = torch.randint(5, 40, (6 + (j + k) % 3,), generator=g).tolist()
+            group.append(TraceInput(list(prompt), completion, 0.0, [], outcome=float((j + k) % 2)))
+        groups.append(group)
+    before = [p.detach().clone() for p in model.parameters()]
+    credits, cost = fidelity_prime.online_prime(config, model, tok, groups, 2, 1.0)
+    assert len(credits) == 4 and cost["updates"] == 2 and cost["completions"] == 12
+    for a, b in zip(before, model.parameters(), strict=True):
+        assert torch.equal(a, b)  # the policy (PRIME's reference) is never trained
+    first = credits[0].advantages
+    assert torch.allclose(first, first[0].expand_as(first))  # the outcome alone, on every token
+    late = credits[2].advantages
+    assert not torch.allclose(late, late[0].expand_as(late))  # the trained PRM's process rewards

@@ -35,6 +35,31 @@ def test_cost_table_ratios(tmp_path):
     # Within the run: the median over steps of step / (step - credit) = median(1.5, 1.2, 1.333).
     assert rredcot["step_ratio_within_run"] == pytest.approx(1.333, abs=1e-3)
     assert rredcot["step_ratio_to_grpo"] == pytest.approx(1.2 / 1.1, abs=1e-3)
+    # Neither keeps a model beside the policy.
+    assert grpo["extra_memory_gib"] is None and rredcot["extra_model_s_per_step"] is None
+
+
+def test_cost_table_counts_the_models_a_credit_keeps_beside_the_policy(tmp_path):
+    """PRIME's implicit PRM: the most memory it held at any step of any seed, and its seconds per step
+    as the credit's are taken (the median after the first step, the mean over seeds)."""
+    cfg = load_config("config/config.yaml", {"run_arms": ["grpo", "prime"]})
+    train = tmp_path / "train"
+    _metrics(train / "grpo" / "seed0" / "metrics.jsonl", [(9.0, None), (1.0, None), (1.0, None)])
+    for seed, (memory, seconds) in enumerate((([1.5, 2.0, 2.0], [5.0, 0.4, 0.6]), ([1.5, 2.5], [5.0, 0.2]))):
+        path = train / "prime" / f"seed{seed}" / "metrics.jsonl"
+        path.parent.mkdir(parents=True)
+        rows = [
+            {"step": i, "step_time": 2.0, "credit/seconds": 1.0, "prime/memory_gib": m, "prime/seconds": s}
+            for i, (m, s) in enumerate(zip(memory, seconds, strict=True))
+        ]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = cost_table(cfg, tmp_path / "benchmarks", train, None)
+    rows = {r["item"]: r for r in table.to_dicts()}
+    prime, grpo = rows["PRIME"], rows["GRPO"]
+    assert prime["extra_memory_gib"] == 2.5
+    assert prime["extra_model_s_per_step"] == pytest.approx((0.5 + 0.2) / 2)
+    assert grpo["extra_memory_gib"] is None and grpo["extra_model_s_per_step"] is None
+    assert table.columns[-2:] == ["extra_memory_gib", "extra_model_s_per_step"]
 
 
 def _evaluation(folder, arm: str, seed: int, greedy: list[int], sampled: list[list[int]]) -> str:

@@ -92,6 +92,8 @@ rule claims:
     output:
         csv=report(f"{R}/claims.csv", caption="../report/claims.rst", category="Tables"),
         md=f"{R}/claims.md",
+        # The methods side by side: accuracy, fidelity, cost and the verdicts of each one's claims.
+        methods=report(f"{R}/methods.csv", caption="../report/methods.rst", category="Tables"),
     log:
         f"{R}/logs/claims.log",
     benchmark:
@@ -111,5 +113,5 @@ rule claims:
         " --cost {input.cost}"
         " --truncation {input.truncation} --attribution {input.attribution} --prm {input.prm}"
         " --variance {input.variance} {params.localisation} {params.prm_model} {params.fidelity}"
-        " --csv {output.csv} --md {output.md}"
+        " --csv {output.csv} --md {output.md} --methods {output.methods}"
         " > {log} 2>&1"

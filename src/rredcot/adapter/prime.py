@@ -38,6 +38,20 @@ LogProbs = Callable[[torch.nn.Module, Tensor, Tensor, int], Tensor]
 of the last ``logits_to_keep`` tokens of each row under the model, as the trainer computes its policy's
 (differentiable when gradients are on)."""
 
+
+def causal_log_probs(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, keep: int, temperature: float = 1.0
+) -> Tensor:
+    """A :data:`LogProbs` for callers without TRL's trainer: the log-probabilities of the last ``keep``
+    tokens of each row at ``temperature``, rows left-padded (positions counted from each row's first
+    real token, as generation counts them, so a padded row scores as it would alone) and
+    differentiable when gradients are on."""
+    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+    logits = out.logits[:, -keep - 1 : -1, :].float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, -keep:, None]).squeeze(-1)
+
+
 STATE_FILE = "prime_prm.pt"
 """In a checkpoint folder: the PRM's weights and its optimizer's state."""
 

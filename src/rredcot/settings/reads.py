@@ -137,6 +137,7 @@ READS: dict[str, StageReads] = {
     # options), Monte Carlo's rollouts are sampled as the traces were.
     "study_fidelity": StageReads(
         ("arms", "credit", "prompt", "model.dtype", "studies.max_new_tokens", "studies.fidelity")
+        + ("rl.num_generations", "rl.prompts_per_step")  # PRIME's groups and the batches of its PRM
         + _STUDY_SAMPLING,
         (*_LOGGING, "threads.eval"),
     ),

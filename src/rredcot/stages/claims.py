@@ -3,7 +3,7 @@
     rredcot claims --config C --paired paired.csv --cost cost.csv --truncation fig3_truncation.csv \\
         --attribution fig4_attribution_correlation.csv --prm fig5_prm_vs_nll.csv --compute compute.csv \\
         --variance fig7_mc_variance.csv [--localisation localisation.json] [--prm-model PRM_DIR] \\
-        [--fidelity fidelity.json] --csv claims.csv --md claims.md
+        [--fidelity fidelity.json] --csv claims.csv --md claims.md [--methods methods.csv]
 
 One row per claim: the measured value, a 95% interval where the measurement has one, the practical
 threshold that says what size of effect matters (and why), and a verdict judged by size:
@@ -23,7 +23,10 @@ segments like the exact values more than Monte Carlo credit at the budget neares
 (``study-fidelity``). With a Monte Carlo arm, RREDCoT is
 also held against it at equal steps and at equal training compute (``compute.csv``), as
 non-inferiority: not behind by more than the threshold. A section on the power of the correlations gives
-the study size (``studies.n_traces``) a ±0.1 interval needs.
+the study size (``studies.n_traces``) a ±0.1 interval needs. ``--methods`` (and ``claims.md``'s
+"Methods side by side") puts the methods the run trains side by side: accuracy against the reference,
+fidelity to the exact values, cost per step and the verdicts of each one's claims
+(``rredcot.studies.methods_table``).
 
 Intervals: paired bootstrap differences and steps-to-reach come from ``paired.csv``; a rank
 correlation's comes from its figure's CSV (``spearman_low``, ``spearman_high``): a bootstrap over
@@ -52,6 +55,7 @@ from rredcot.settings.reads import stage_config
 from rredcot.studies.claims import fmt
 from rredcot.studies.claims_markdown import markdown
 from rredcot.studies.claims_table import claims_table
+from rredcot.studies.methods_table import methods_table
 from rredcot.studies.power import correlation_power, power_table
 
 _log = logging.getLogger(__name__)
@@ -84,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument("--csv", required=True, type=Path)
     ap.add_argument("--md", required=True, type=Path)
+    ap.add_argument("--methods", type=Path, help="output: the methods side by side (CSV)")
     args = ap.parse_args(argv)
     cfg = stage_config(args.config, "claims")
     files = (
@@ -100,10 +105,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     sources = {k: Path(getattr(args, k)).name if getattr(args, k) else "" for k in files}
     with stage_run(cfg, "claims", rule="claims", params={k: str(getattr(args, k)) for k in files}) as run:
+        paired, cost = pl.read_csv(args.paired), pl.read_csv(args.cost)
+        fidelity = json.loads(args.fidelity.read_text()) if args.fidelity else None
         claims = claims_table(
             cfg,
-            pl.read_csv(args.paired),
-            pl.read_csv(args.cost),
+            paired,
+            cost,
             pl.read_csv(args.truncation),
             pl.read_csv(args.attribution),
             pl.read_csv(args.prm),
@@ -112,12 +119,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             sources,
             pl.read_csv(args.compute) if args.compute else None,
             json.loads((args.prm_model / "prm.json").read_text()) if args.prm_model else None,
-            json.loads(args.fidelity.read_text()) if args.fidelity else None,
+            fidelity,
         )
         frame = pl.DataFrame([asdict(c) for c in claims], infer_schema_length=None)
         with atomic_path(args.csv) as tmp:
             frame.write_csv(tmp)
-        power = power_table(pl.read_csv(args.paired))
+        methods = methods_table(cfg, claims, paired, cost, fidelity)
+        if args.methods:
+            with atomic_path(args.methods) as tmp:
+                pl.DataFrame([asdict(m) for m in methods], infer_schema_length=None).write_csv(tmp)
+            run.log_artifact(args.methods)
+        power = power_table(paired)
         correlations = correlation_power(
             pl.read_csv(args.attribution),
             pl.read_csv(args.prm),
@@ -125,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             int(cfg["studies"]["prm"]["analysis_problems"]) or None,
         )
         with atomic_path(args.md) as tmp:
-            Path(tmp).write_text(markdown(claims, cfg["experiment"], power, correlations))
+            Path(tmp).write_text(markdown(claims, cfg["experiment"], power, correlations, methods))
         counts = {
             v: sum(c.verdict == v for c in claims)
             for v in ("supported", "contradicted", "too small to matter", "inconclusive")

@@ -6,7 +6,12 @@ separately labelled ``paper_*`` columns, so measured and quoted numbers never mi
 
 ``cost``: one row per arm with what its training cost on this machine: wall and CPU seconds per
 training job (Snakemake's ``benchmark:`` files), the median training-step time and the credit time
-per step (the trainer's metrics), and the step time relative to the uniform-credit GRPO arm. Rows for
+per step (the trainer's metrics), and the step time relative to the uniform-credit GRPO arm; then
+what the models a credit method keeps beside the policy cost (PRIME's implicit PRM, a trainable copy
+of the policy with its optimizer: ``EXTRA_MODELS``): ``extra_memory_gib``, the most memory they held
+at any step (weights, gradients, optimizer moments), and ``extra_model_s_per_step``, their seconds per
+step (part of the step's, taken as ``credit_s_per_step`` is: the median over a seed's steps after the
+first, averaged over seeds); empty for an arm whose credit keeps none. Rows for
 the studies (Monte Carlo values, attributions, PRM) and the scoring benchmark (``rredcot bench``:
 forward pass, σ single-pass, σ naive, Monte Carlo at the same exit points) follow when present.
 
@@ -100,6 +105,34 @@ def _step_times(train_dir: Path, arm: str) -> tuple[list[float], list[float], li
     return steps, credit, paired
 
 
+EXTRA_MODELS = ("prime",)
+"""Prefixes of the trainer's metrics (``<prefix>/memory_gib``, ``<prefix>/seconds``) of the models a
+credit method keeps and trains beside the policy: PRIME's implicit PRM (``prime``)."""
+
+
+def _extra_models(train_dir: Path, arm: str) -> tuple[float | None, float | None]:
+    """The most GiB the arm's extra models held at any step of any seed, and their seconds per step
+    (per seed the median over steps after the first, then the mean over seeds); None where no step
+    logs them."""
+    memory, seconds = [], []
+    for metrics in sorted(train_dir.glob(f"{arm}/seed*/metrics.jsonl")):
+        with open(metrics) as fh:
+            rows = list(map(json.loads, fh))
+        memory += [
+            sum(float(r[f"{p}/memory_gib"]) for p in EXTRA_MODELS if f"{p}/memory_gib" in r)
+            for r in rows
+            if any(f"{p}/memory_gib" in r for p in EXTRA_MODELS)
+        ]
+        own = [
+            sum(float(r[f"{p}/seconds"]) for p in EXTRA_MODELS if f"{p}/seconds" in r)
+            for r in rows
+            if any(f"{p}/seconds" in r for p in EXTRA_MODELS)
+        ]
+        if own:
+            seconds.append(statistics.median(own[1:] or own))
+    return (max(memory) if memory else None), (statistics.mean(seconds) if seconds else None)
+
+
 def _rollout_tokens(
     train_dir: Path, arm: str, completions_per_step: int
 ) -> tuple[float | None, float | None]:
@@ -135,6 +168,7 @@ def cost_table(
             base_step = step
         per_step = cfg["rl"]["prompts_per_step"] * cfg["rl"]["num_generations"]
         rollout_tokens, completion_tokens = _rollout_tokens(train_dir, arm, per_step)
+        extra_memory, extra_seconds = _extra_models(train_dir, arm)
         rows.append(
             {
                 "item": arm_label(cfg, arm),
@@ -149,6 +183,9 @@ def cost_table(
                 "step_ratio_within_run": round(statistics.mean(paired), 3) if paired else None,
                 "completion_tokens_per_step": completion_tokens,
                 "rollout_tokens_per_step": rollout_tokens,
+                "step_ratio_to_grpo": None,  # below, once GRPO's step is known
+                "extra_memory_gib": extra_memory,
+                "extra_model_s_per_step": extra_seconds,
             }
         )
     for row in rows:

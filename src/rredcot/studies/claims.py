@@ -131,7 +131,9 @@ def fmt(x: float | None) -> str:
     return f"{x:.3f}"
 
 
-def _paired_row(paired: pl.DataFrame, label: str, metric: str, reference: str) -> dict[str, Any] | None:
+def paired_row(paired: pl.DataFrame, label: str, metric: str, reference: str) -> dict[str, Any] | None:
+    """``paired.csv``'s row of ``label`` against ``reference`` for ``metric`` (``sampled``, ``greedy``),
+    or None when the run has no such pair."""
     rows = paired.filter(
         (pl.col("arm") == label) & (pl.col("metric") == metric) & (pl.col("reference") == reference)
     ).to_dicts()
@@ -157,7 +159,7 @@ def accuracy_claim(
 ) -> Claim:
     """An arm's final sampled accuracy minus the reference's, paired by seed and problem; judged by
     size, or (``not_below``) as non-inferiority: at most a difference that does not matter behind."""
-    row = _paired_row(paired, label, "sampled", reference)
+    row = paired_row(paired, label, "sampled", reference)
     if row is None:
         return Claim.inconclusive(
             claim,
@@ -204,7 +206,7 @@ def efficiency_claim(
         if not_below
         else f"{label} learns faster than {reference}: it leads over the run (sample efficiency)"
     )
-    row = _paired_row(paired, label, "sampled", reference)
+    row = paired_row(paired, label, "sampled", reference)
     measure = f"mean lead of {label} over {reference} across the run (area between the learning curves)"
     if row is None or finite(row.get("area")) is None:
         note = f"no paired row for {label}" if row is None else "no learning curves with two probes or more"
@@ -233,11 +235,18 @@ def efficiency_claim(
     )
 
 
-def equal_compute_claim(compute: pl.DataFrame | None, label: str, reference: str, source: str) -> Claim:
+def equal_compute_claim(
+    compute: pl.DataFrame | None,
+    label: str,
+    reference: str,
+    source: str,
+    claim: str = "rredcot_matches_mc_at_equal_compute",
+    note: str = "",
+) -> Claim:
     """At equal training compute the arm is not behind the reference (accuracy of both learning curves
     at the seconds of training the cheaper of the two spent, per seed); the share of the reference's
-    training seconds the arm needs to reach the reference's final accuracy is reported beside it."""
-    claim = "rredcot_matches_mc_at_equal_compute"
+    training seconds the arm needs to reach the reference's final accuracy is reported beside it.
+    ``note`` leads the row's note when it has no ``compute.csv`` row."""
     statement = (
         f"At equal training compute {label} is not behind {reference}, and reaches {reference}'s final "
         f"accuracy at a fraction of its cost"
@@ -249,8 +258,8 @@ def equal_compute_claim(compute: pl.DataFrame | None, label: str, reference: str
         else compute.filter((pl.col("arm") == label) & (pl.col("reference") == reference)).to_dicts()
     )
     if not rows:
-        note = "no compute.csv" if compute is None else f"no {label} against {reference} (arm not run)"
-        return Claim.inconclusive(claim, statement, measure, source, note)
+        why = "no compute.csv" if compute is None else f"no {label} against {reference} (arm not run)"
+        return Claim.inconclusive(claim, statement, measure, source, f"{note}; " * bool(note) + why)
     row = rows[0]
     low, high = finite(row["equal_compute_low"]), finite(row["equal_compute_high"])
     reach = [finite(row.get(k)) for k in ("reach_share", "reach_low", "reach_high")]

@@ -1,5 +1,6 @@
-"""``claims.md``: the claims as a table with their verdicts and notes, the power of the accuracy
-comparisons and of the correlations, and the lines of our own that the verdicts rest on."""
+"""``claims.md``: the claims as a table with their verdicts and notes, the methods side by side, the
+power of the accuracy comparisons and of the correlations, and the lines of our own that the verdicts
+rest on."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from rredcot.studies.claims import (
     Claim,
     fmt,
 )
+from rredcot.studies.methods_table import MethodRow
 from rredcot.studies.power import CORRELATION_HALF_WIDTH, POWER_HALF_WIDTH, CorrelationPower, Power
 
 
@@ -25,11 +27,59 @@ def _count(x: int | None, missing: str) -> str:
     return missing if x is None else str(x)
 
 
+def _with_interval(value: float | None, low: float | None, high: float | None) -> str:
+    """A value with its 95% interval in brackets, ``-`` without the value."""
+    if value is None:
+        return "-"
+    return fmt(value) if low is None or high is None else f"{fmt(value)} [{fmt(low)}, {fmt(high)}]"
+
+
+def _verdict(claim: str | None, verdict: str | None) -> str:
+    return "-" if claim is None else f"{verdict or 'not checked'} (`{claim}`)"
+
+
+def methods_section(methods: Sequence[MethodRow]) -> list[str]:
+    """The lines of "Methods side by side": ``methods.csv`` as a table (``rredcot.studies.methods_table``)."""
+    reference = methods[0].reference
+    lines = [
+        "",
+        "## Methods side by side",
+        "",
+        f"Each method the run trains (`methods.csv`): final sampled accuracy and mean lead over the run "
+        f"(the area between the learning curves) against {reference}, paired by seed and problem "
+        "(`paired.csv`); fidelity, the Spearman ρ of its credit with the exact value change within a "
+        "trace (`fidelity.json`, synthetic task; Monte Carlo at the budget it trains with); cost per "
+        "step, its step time over GRPO's, its credit seconds and the memory of the models its credit "
+        f"keeps beside the policy (`cost.csv`); and the verdicts of the claims about it, against "
+        f"{reference} and RREDCoT's against it at equal steps and at equal training compute (the rows "
+        "above, named). 95% intervals in brackets; `-`: not measured for this method.",
+        "",
+        f"| method | final accuracy − {reference} | area − {reference} | ρ with the exact values | "
+        "step / GRPO | credit s / step | extra memory (GiB) | against "
+        f"{reference} | RREDCoT against it, equal steps | RREDCoT against it, equal compute |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in methods:
+        fidelity = _with_interval(m.rho_trace, m.rho_trace_low, m.rho_trace_high)
+        if m.fidelity_key is not None and m.fidelity_key != m.credit:
+            fidelity += f" (`{m.fidelity_key}`)"
+        lines.append(
+            f"| {m.label} | {_with_interval(m.diff, m.diff_low, m.diff_high)} | "
+            f"{_with_interval(m.area, m.area_low, m.area_high)} | {fidelity} | "
+            f"{fmt(m.step_ratio_to_grpo)} | {fmt(m.credit_s_per_step)} | {fmt(m.extra_memory_gib)} | "
+            f"{_verdict(m.claim_vs_reference, m.verdict_vs_reference)} | "
+            f"{_verdict(m.claim_rredcot_at_equal_steps, m.verdict_rredcot_at_equal_steps)} | "
+            f"{_verdict(m.claim_rredcot_at_equal_compute, m.verdict_rredcot_at_equal_compute)} |"
+        )
+    return lines
+
+
 def markdown(
     claims: Sequence[Claim],
     experiment: str,
     power: Sequence[Power] = (),
     correlations: Sequence[CorrelationPower] = (),
+    methods: Sequence[MethodRow] = (),
 ) -> str:
     lines = [
         f"# Claims of the paper, checked on this testbed ({experiment})",
@@ -79,6 +129,8 @@ def markdown(
     notes = [f"- `{c.claim}`: {c.note}" for c in claims if c.note]
     if notes:
         lines += ["", "Notes:", "", *notes]
+    if methods:
+        lines += methods_section(methods)
     if power:
         lines += [
             "",

@@ -11,7 +11,9 @@ from the model RL starts from), every method of the registry (``rredcot.credit_m
 credit through ``CreditAssigner.assign``, as the trainer calls it, and is given what its reward
 source needs: reference pairs, where a wrong trace goes wrong (``culprit``), the exact values
 (``task_values``), the trace's own outcome, and policy rollouts (``PolicyRollouts``, the trainer's
-own). A method that needs something else is skipped, and the reason is logged and written out.
+own); a method that reads an implicit process reward model (PRIME) gets one trained online over the
+traces, each trace scored in a group of its prompt's completions (``rredcot.studies.fidelity_prime``).
+A method that needs something else is skipped, and the reason is logged and written out.
 Methods whose source reads ``credit.mc`` are scored once per Monte Carlo budget M of
 ``studies.fidelity.mc_samples``: each budget is a point of its own, with rollouts of its own.
 
@@ -81,7 +83,7 @@ from rredcot.infra.io import read_jsonl, write_json
 from rredcot.infra.logs import setup_logging
 from rredcot.infra.stats import Interval
 from rredcot.lm.evaluation import load_benchmarks
-from rredcot.lm.generation import device_name
+from rredcot.lm.generation import HFGenerator, device_name
 from rredcot.lm.modeling import load_model, load_tokenizer, set_threads
 from rredcot.lm.rollouts import PolicyRollouts
 from rredcot.method import segmentation as S
@@ -90,17 +92,17 @@ from rredcot.method.registry import CREDIT_METHODS, NEEDS, TraceInput
 from rredcot.method.settings import CreditConfig
 from rredcot.settings.config import credit_config
 from rredcot.settings.reads import stage_config
+from rredcot.studies.fidelity_prime import companions, online_prime
 from rredcot.studies.figures_attr import BOOTSTRAP_DRAWS, MIN_CLUSTERS
 
 _log = logging.getLogger(__name__)
 
 JUDGE = "exact"
 """The method whose values are the truth."""
-SUPPLIED = frozenset(NEEDS) - {"process_log_probs"}
+SUPPLIED = frozenset(NEEDS)
 """What the study gives a reward source: every need the registry knows (reference pairs, culprit,
-outcome, rollouts, task values) but ``process_log_probs``, the token log-probabilities of PRIME's
-implicit reward model, which only a training run has (it learns online from the run's outcomes; on
-the starting model's traces it equals its reference and PRIME's credit is the outcome's alone)."""
+outcome, rollouts, task values, and ``process_log_probs``, an implicit reward model trained online
+over the traces as a run trains it: ``rredcot.studies.fidelity_prime``)."""
 MIN_SEGMENTS = 3
 """A trace's own rank correlation needs at least this many segments."""
 
@@ -447,6 +449,31 @@ def run_point(
     return credits, cost
 
 
+def prime_groups(
+    cfg: Mapping[str, Any],
+    model: torch.nn.Module,
+    tokenizer: Any,
+    items: Sequence[TraceInput],
+    traces: Sequence[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, Any]],
+    seed: int,
+    batch: int,
+) -> list[list[TraceInput]]:
+    """Every trace in a group of ``rl.num_generations`` completions of its prompt (the rest sampled
+    with the study's settings, graded like the trace): the groups PRIME's baselines read."""
+    studies = cfg["studies"]
+    sampling = {k: studies[k] for k in ("temperature", "top_p", "max_new_tokens")}
+    return companions(
+        items,
+        [str(t["trace_id"]) for t in traces],
+        lambda j, text: row_reward(rows[j], text),
+        HFGenerator(model, tokenizer, batch_size=max(batch, 1) * 4),
+        int(cfg["rl"]["num_generations"]),
+        seed,
+        sampling,
+    )
+
+
 def trace_records(
     traces: Sequence[Mapping[str, Any]],
     items: Sequence[TraceInput],
@@ -575,12 +602,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         costs: dict[str, dict[str, float]] = {}
         credits: dict[str, list[TraceCredit]] = {}
         order = judge_points + [p for p in points if p.key != JUDGE]
+        groups: list[list[TraceInput]] = []
         with tqdm(total=len(order) * len(items), desc="credit", unit="trace") as bar:
             for point in order:
                 bar.set_postfix_str(point.key)
-                credits[point.key], costs[point.key] = run_point(
-                    point, model, tok, items, rows, args.batch_size, rollout_args, bar
-                )
+                if "process_log_probs" in point.config.kind.needs:
+                    groups = groups or prime_groups(cfg, model, tok, items, traces, rows, seed, 16)
+                    credits[point.key], costs[point.key] = online_prime(
+                        point.config,
+                        model,
+                        tok,
+                        groups,
+                        int(cfg["rl"]["prompts_per_step"]),
+                        float(studies["temperature"]),
+                        args.batch_size,
+                        bar,
+                    )
+                else:
+                    credits[point.key], costs[point.key] = run_point(
+                        point, model, tok, items, rows, args.batch_size, rollout_args, bar
+                    )
                 _log.info(f"{point.key}: {costs[point.key]['seconds']:.2f}s for {len(items)} traces")
         records = trace_records(traces, items, texts, credits[JUDGE], ends)
         dropped = [str(t["trace_id"]) for t, r in zip(traces, records, strict=True) if r is None]
