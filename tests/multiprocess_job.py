@@ -3,7 +3,8 @@
 Run by tests/test_distributed.py as ``accelerate launch [--config_file C] --num_processes 2
 tests/multiprocess_job.py MODE BASE OUT``: MODE ``uniform`` trains stock ``GRPOTrainer`` and
 ``RREDCoTTrainer`` with uniform credit under the same launch; ``rredcot`` and ``reference`` train with
-RREDCoT credit (group pairs on; ``reference`` scores with the frozen start model). Every process
+RREDCoT credit (group pairs on; ``reference`` scores with the frozen start model); ``prime`` trains
+with PRIME's credit, each process keeping a whole implicit reward model. Every process
 writes ``OUT.rank<i>.json``: losses, a hash of its parameters, and the credit metrics and local
 trace counts.
 """
@@ -96,6 +97,8 @@ def run(cls, cfg, arm, base: Path, out: Path, **extra) -> dict:
         "start": start,
         "credit": {k: list(map(float, v)) for k, v in metrics.items()},
         "local_traces": list(getattr(trainer, "local_traces", [])),
+        "prm": digest(trainer._prime.model.state_dict()) if getattr(trainer, "_prime", None) else None,
+        "prime_loss": [float(h["prime/loss"]) for h in trainer.state.log_history if "prime/loss" in h],
         "backend": str(trainer.accelerator.distributed_type),
         "processes": trainer.accelerator.num_processes,
     }
@@ -110,6 +113,16 @@ def main() -> None:
         result["stock"] = run(GRPOTrainer, cfg, "grpo", base, out / "stock")
         result["ours"] = run(
             RREDCoTTrainer, cfg, "grpo", base, out / "ours", credit=credit_config(cfg, "grpo")
+        )
+    elif mode == "prime":
+        result["ours"] = run(
+            RREDCoTTrainer,
+            cfg,
+            "prime",
+            base,
+            out / mode,
+            credit=credit_config(cfg, "prime"),
+            rollout_reward=lambda row, text: 1.0 / (1 + len(text)),
         )
     else:
         credit = credit_config(cfg, "rredcot")

@@ -153,6 +153,18 @@ def _check_credit(ranks: list[dict]) -> dict:
 
 
 @pytest.mark.slow
+def test_prime_keeps_one_reward_model_on_every_process(started: Path, tmp_path: Path):
+    """PRIME under two processes: each keeps a whole implicit reward model and the two average its
+    gradients, so after three steps both hold the same reward model, moved from the start, and the
+    same policy."""
+    ours = [r["ours"] for r in _launch("prime", started, tmp_path / "prime")]
+    assert all(o["processes"] == 2 and "MULTI_CPU" in o["backend"] for o in ours)
+    assert ours[0]["prm"] is not None and ours[0]["prm"] == ours[1]["prm"] != ours[0]["start"]
+    assert ours[0]["params"] == ours[1]["params"] != ours[0]["start"]
+    assert ours[0]["prime_loss"] == ours[1]["prime_loss"] and len(ours[0]["prime_loss"]) == 3
+
+
+@pytest.mark.slow
 def test_rredcot_credit_under_ddp_zero2_and_zero3(started: Path, tmp_path: Path):
     pytest.importorskip("deepspeed")
     ddp = _check_credit(_launch("rredcot", started, tmp_path / "ddp"))

@@ -17,7 +17,6 @@ from synthetic_setup import (
     arm_trainer,
     assert_same_weights,
     crash_and_resume,
-    one_credit_step,
     synthetic_setup,
 )
 
@@ -208,7 +207,10 @@ def test_the_first_step_pays_the_outcomes_leave_one_out_advantage(setup):
     prm_before, ref_before = _params(prime.model), _params(prime.reference)
     for a, b in zip(prm_before, ref_before, strict=True):
         assert torch.equal(a, b)  # both the initial policy
-    batch = one_credit_step(trainer, dataset)
+    torch.manual_seed(0)
+    trainer.model.train()
+    # One step's batch as TRL samples it: two prompts, each in a group of num_generations (4) rows.
+    batch = trainer._generate_and_score_completions([dataset[i // 4] for i in range(8)])
     adv, mask = batch["advantages"], batch["completion_mask"].bool()
     lengths = mask.sum(dim=1).tolist()
     texts = [
@@ -256,3 +258,13 @@ def test_prime_trains_and_resumes_bit_for_bit(setup):
             assert torch.equal(state[name], got["state"][key][name]), (key, name)
     logged = [h for h in resumed.state.log_history if "prime/loss" in h]
     assert logged and all("prime/accuracy" in h and "prime/seconds" in h for h in logged)
+
+
+def test_a_group_split_over_processes_is_refused(setup):
+    """PRIME's baselines are taken within a group: a batch whose consecutive rows of one group hold
+    different prompts (a group cut by the split over processes) stops with the setting to change."""
+    trainer, dataset = arm_trainer(setup, "prime", rollout_reward=_outcome)
+    torch.manual_seed(0)
+    trainer.model.train()  # evaluation batches get no credit
+    with pytest.raises(ValueError, match="whole groups of 4 completions on each process"):
+        trainer._generate_and_score_completions([dataset[i] for i in range(8)])

@@ -138,6 +138,22 @@ def gather_objects(accelerator: Any, items: list[Any]) -> list[Any]:
     return gather_object(list(items))
 
 
+def average_gradients(grads: list[torch.Tensor]) -> None:
+    """Average gradients over every process of the default process group, in place: one all-reduce
+    of one flat buffer (every process passes the same parameters' gradients, in the same order and
+    dtype). For a model each process keeps whole and trains by hand beside the policy, which no
+    wrapper of the launcher averages (PRIME's reward model)."""
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    torch.distributed.all_reduce(flat)
+    flat.div_(torch.distributed.get_world_size())
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 def process_state() -> Any:
     """accelerate's PartialState of this process (one process, or its share of `accelerate launch`).
 

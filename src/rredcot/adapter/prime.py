@@ -11,7 +11,9 @@ On each generation batch, :meth:`ImplicitPrm.step`, in this order:
 2. the PRM's, with gradient, in chunks of rows; the loss of each chunk
    (:func:`rredcot.method.prime.prm_loss` on the completions' outcomes, weighted by its share of the
    rows) backpropagated as it is computed;
-3. the gradient norm clipped to ``prime.grad_clip``, one AdamW step.
+3. in a multi-process run, the gradients averaged over the processes (each keeps a whole PRM and
+   learns from its share of the batch, so every copy takes the same step);
+4. the gradient norm clipped to ``prime.grad_clip``, one AdamW step.
 
 The token rewards the policy is trained on come from the PRM log-probabilities of step 2, before
 the update (PRIME's ``update: after``); the reward source (``rredcot.method.sources.prime``) turns
@@ -80,9 +82,13 @@ class ImplicitPrm:
         log_probs: LogProbs,
         group_size: int,
         chunk: int,
+        sync: Callable[[list[Tensor]], None] | None = None,
     ) -> None:
         """``model``: the trainable PRM; ``reference``: the frozen reference, or None when the caller
-        passes the reference's log-probabilities to :meth:`step`; ``chunk``: rows per forward."""
+        passes the reference's log-probabilities to :meth:`step`; ``chunk``: rows per forward;
+        ``sync``: averages the PRM's gradients over the processes of a multi-process run, in place,
+        before clipping (each process keeps a whole PRM and updates it on its share of the batch, so
+        every copy takes the same step: ``rredcot.adapter.distributed.average_gradients``)."""
         if chunk < 1:
             raise ValueError(f"chunk must be positive, got {chunk}")
         self.model = model
@@ -91,6 +97,7 @@ class ImplicitPrm:
         self.log_probs = log_probs
         self.group_size = group_size
         self.chunk = chunk
+        self.sync = sync
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=settings.lr,
@@ -150,6 +157,8 @@ class ImplicitPrm:
                 (part * ((b - a) / rows)).backward()
                 loss += float(part.detach()) * (b - a) / rows
                 parts.append(lp.detach().float())
+        if self.sync is not None:
+            self.sync([p.grad for p in self.parameters() if p.grad is not None])
         norm = torch.nn.utils.clip_grad_norm_(list(self.parameters()), cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -45,7 +45,7 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
-from rredcot.adapter.distributed import check_backend, gather_objects, scoring_model
+from rredcot.adapter.distributed import average_gradients, check_backend, gather_objects, scoring_model
 from rredcot.adapter.engine import colocated_engine_options, run_decoder, run_engine, use_cpu_weight_sync
 from rredcot.adapter.prime import ImplicitPrm
 from rredcot.data.grading import grade
@@ -151,8 +151,8 @@ class RREDCoTTrainer(GRPOTrainer):
 
     def _initial_copy(self, trainable: bool) -> torch.nn.Module:
         """A model with the initial policy's weights: frozen and prepared for the launcher as TRL
-        prepares its reference model, or ``trainable`` (single process only: PRIME's reward model,
-        on the policy's device).
+        prepares its reference model, or ``trainable`` (PRIME's reward model: whole on every
+        process, on the policy's device).
 
         A new instance, never a copy of the policy object: TRL rebinds the policy's ``forward`` (the
         fused LM head) to a closure over the live policy, which a deep copy would keep calling. The
@@ -189,15 +189,10 @@ class RREDCoTTrainer(GRPOTrainer):
 
     def _implicit_prm(self) -> ImplicitPrm:
         """PRIME's implicit PRM: a trainable copy of the initial policy, and the frozen initial policy
-        as its reference (TRL's reference model when beta > 0, else one of its own). Single process."""
+        as its reference (TRL's reference model when beta > 0, else one of its own). With several
+        processes each keeps a whole PRM and their gradients are averaged before every update."""
         from trl.trainer.utils import add_fused_lm_head
 
-        if self.accelerator.num_processes > 1:
-            raise ValueError(
-                f"credit method {self.credit.method!r} trains its implicit reward model in one process "
-                f"only (this run has {self.accelerator.num_processes}): its update and its batch "
-                "statistics are not yet gathered over processes"
-            )
         fused = {"temperature": self.temperature, "cast_lm_head_to_fp32": self.args.cast_lm_head_to_fp32}
         prm = self._initial_copy(trainable=True)
         add_fused_lm_head(prm, **fused)  # log-probabilities as TRL computes the policy's
@@ -216,6 +211,7 @@ class RREDCoTTrainer(GRPOTrainer):
             log_probs,
             self.num_generations,
             self.args.per_device_train_batch_size,
+            average_gradients if self.accelerator.num_processes > 1 else None,
         )
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
@@ -425,6 +421,19 @@ class RREDCoTTrainer(GRPOTrainer):
         """Update PRIME's reward model on the batch's completions and their outcomes, give each trace
         the log-probabilities read before the update, and log the update and its cost."""
         assert self._prime is not None
+        k = self.num_generations
+        # A process's share of the batch must hold whole groups: PRIME's baselines are taken within a
+        # group. Shares are consecutive slices of the batch, whose groups are consecutive.
+        if len(items) % k or any(
+            items[a].prompt_ids != items[b].prompt_ids
+            for a in range(0, len(items), k)
+            for b in range(a + 1, a + k)
+        ):
+            raise ValueError(
+                f"credit method {self.credit.method!r} needs whole groups of {k} completions on each "
+                f"process, got {len(items)} completions here: make each process's share of a generation "
+                "batch (prompts_per_step x num_generations / processes) a multiple of num_generations"
+            )
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         attention = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
         outcomes = torch.tensor([item.outcome for item in items], dtype=torch.float32)
@@ -433,8 +442,10 @@ class RREDCoTTrainer(GRPOTrainer):
         )
         self._prime.supply(items, rows, result)
         metrics = self._metrics["train"]
-        metrics["prime/loss"].append(result.loss)
-        metrics["prime/accuracy"].append(result.accuracy)
+        # The loss and ranking accuracy over every process (equal shares), as the credit statistics.
+        shares = gather_objects(self.accelerator, [(result.loss, result.accuracy)])
+        metrics["prime/loss"].append(sum(x[0] for x in shares) / len(shares))
+        metrics["prime/accuracy"].append(sum(x[1] for x in shares) / len(shares))
         metrics["prime/grad_norm"].append(result.grad_norm)
         metrics["prime/seconds"].append(result.seconds)
         metrics["prime/memory_gib"].append(self._prime.memory_bytes() / 2**30)
