@@ -285,6 +285,15 @@ def test_claims_and_the_cost_of_monte_carlo_credit(smoke: Path) -> None:
     assert by_item["MC"]["rollout_tokens_per_step"] == 0 and by_item["MC"]["completion_tokens_per_step"] > 0
     assert by_item["GRPO"]["rollout_tokens_per_step"] is None
     assert by_item["GRPO"]["step_ratio_to_grpo"] == 1.0  # the reference is stock GRPO, not GRPO 80/20
+    # PRIME's reward model is counted beside the policy; no other method keeps one.
+    assert by_item["PRIME"]["extra_memory_gib"] > 0 and by_item["MC"]["extra_memory_gib"] is None
+    # The methods side by side: a row per arm, each with the verdicts of the claims about it.
+    methods = pl.read_csv(smoke / "methods.csv")
+    assert sorted(methods["arm"].to_list()) == ARMS
+    rows = {r["arm"]: r for r in methods.to_dicts()}
+    assert rows["spo"]["claim_rredcot_at_equal_compute"] == "rredcot_vs_spo_at_equal_compute"
+    assert rows["prime"]["verdict_vs_reference"] == verdicts["prime_beats_grpo"]
+    assert "## Methods side by side" in text
 
 
 @pytest.mark.slow
@@ -321,12 +330,13 @@ def test_credit_fidelity(smoke: Path) -> None:
     budgets = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())["studies"]["fidelity"][
         "mc_samples"
     ]
-    expected = {m for m in credit_methods() if m not in ("mc", "prime")} | {f"mc@{m}" for m in budgets}
+    expected = {m for m in credit_methods() if m != "mc"} | {f"mc@{m}" for m in budgets}
     assert set(table["key"].to_list()) == expected
     assert (table["seconds_per_trace"] >= 0).all()
     summary = json.loads((smoke / "studies" / "analysis" / "fidelity.json").read_text())
-    # PRIME's reward model is trained online: the study has none to give it.
-    assert summary["traces"] + len(summary["dropped"]) == 6 and set(summary["skipped"]) == {"prime"}
+    # Every method is scored, PRIME with a reward model trained online over the traces.
+    assert summary["traces"] + len(summary["dropped"]) == 6 and not summary["skipped"]
+    assert summary["costs"]["prime"]["updates"] >= 1
     assert (smoke / "figures" / "fidelity_cost.png").stat().st_size > 1000
     claims = pl.read_csv(smoke / "claims.csv")
     assert "testbed_rredcot_fidelity_beats_mc" in claims["claim"].to_list()
