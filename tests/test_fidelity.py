@@ -277,7 +277,7 @@ def test_prime_learns_online_and_pays_the_outcome_alone_before_its_first_update(
             group.append(TraceInput(list(prompt), completion, 0.0, [], outcome=float((j + k) % 2)))
         groups.append(group)
     before = [p.detach().clone() for p in model.parameters()]
-    credits, cost = fidelity_prime.online_prime(config, model, tok, groups, 2, 1.0)
+    credits, cost = fidelity_prime.online_prime(config, model, tok, groups, 2, 1.0, 1e-4)
     assert len(credits) == 4 and cost["updates"] == 2 and cost["completions"] == 12
     for a, b in zip(before, model.parameters(), strict=True):
         assert torch.equal(a, b)  # the policy (PRIME's reference) is never trained

@@ -24,7 +24,7 @@ from rredcot.adapter.prime import STATE_FILE
 from rredcot.method.assign import CreditAssigner, paid_credit
 from rredcot.method.prime import implicit_token_rewards, prime_advantages
 from rredcot.method.registry import TraceInput, credit_method
-from rredcot.method.settings import CreditSettings, PrimeSettings
+from rredcot.method.settings import CreditSettings, PrimeSettings, prm_learning_rate
 from rredcot.method.sources import prime as source
 from rredcot.settings.config import credit_config
 from rredcot.viz.credit_view import write_views
@@ -103,7 +103,12 @@ def test_prime_is_a_method_of_the_advantage_form_reading_its_own_settings():
     assert {k: getattr(settings, k) for k in combine} == {k: core[k].default for k in combine}
     rewards = inspect.signature(implicit_token_rewards).parameters
     assert (settings.beta, settings.granularity) == (rewards["beta"].default, rewards["granularity"].default)
-    assert (settings.lr, settings.weight_decay, settings.grad_clip) == (1e-6, 0.0, 10.0)
+    assert (settings.lr, settings.weight_decay, settings.grad_clip) == (None, 0.0, 10.0)
+    # The PRM's learning rate: PRIME's ratio to the policy's (1e-6 beside 5e-7), or the one given.
+    assert prm_learning_rate(settings, 5e-7) == pytest.approx(1e-6)
+    assert prm_learning_rate(PrimeSettings(lr=3e-5), 5e-7) == 3e-5
+    with pytest.raises(ValueError):
+        PrimeSettings(lr=0.0)
     for bad in ({"beta": 0.0}, {"granularity": "step"}, {"outcome_gamma": 1.5}, {"grad_clip": 0.0}):
         with pytest.raises(ValueError):
             PrimeSettings(**bad)
@@ -202,6 +207,7 @@ def test_the_first_step_pays_the_outcomes_leave_one_out_advantage(setup):
     trainer, dataset = arm_trainer(setup, "prime", rollout_reward=_outcome)
     prime = trainer._prime
     assert prime is not None and prime.reference is not None  # beta 0: a frozen start of its own
+    assert prime.optimizer.param_groups[0]["lr"] == pytest.approx(2 * trainer.args.learning_rate)
     policy = list(trainer.model.parameters())
     assert not {p.data_ptr() for p in prime.model.parameters()} & {p.data_ptr() for p in policy}
     prm_before, ref_before = _params(prime.model), _params(prime.reference)

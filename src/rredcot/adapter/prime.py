@@ -83,12 +83,20 @@ class ImplicitPrm:
         group_size: int,
         chunk: int,
         sync: Callable[[list[Tensor]], None] | None = None,
+        lr: float | None = None,
     ) -> None:
         """``model``: the trainable PRM; ``reference``: the frozen reference, or None when the caller
         passes the reference's log-probabilities to :meth:`step`; ``chunk``: rows per forward;
         ``sync``: averages the PRM's gradients over the processes of a multi-process run, in place,
         before clipping (each process keeps a whole PRM and updates it on its share of the batch, so
-        every copy takes the same step: ``rredcot.adapter.distributed.average_gradients``)."""
+        every copy takes the same step: ``rredcot.adapter.distributed.average_gradients``); ``lr``: the
+        PRM's learning rate, ``settings.lr`` when None (``rredcot.method.settings.prm_learning_rate``
+        resolves a null one from the policy's)."""
+        lr = settings.lr if lr is None else lr
+        if lr is None:
+            raise ValueError(
+                "the PRM's learning rate is not set: pass lr= (prm_learning_rate) or settings.lr"
+            )
         if chunk < 1:
             raise ValueError(f"chunk must be positive, got {chunk}")
         self.model = model
@@ -100,7 +108,7 @@ class ImplicitPrm:
         self.sync = sync
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
-            lr=settings.lr,
+            lr=float(lr),
             betas=(0.9, 0.999),
             weight_decay=settings.weight_decay,
         )

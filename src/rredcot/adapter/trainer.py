@@ -53,7 +53,7 @@ from rredcot.lm.generation import sample_seed
 from rredcot.lm.rollouts import PolicyRollouts
 from rredcot.method.assign import CreditAssigner, TraceCredit, credit_record, paid_credit
 from rredcot.method.registry import TraceInput
-from rredcot.method.settings import CreditConfig
+from rredcot.method.settings import CreditConfig, prm_learning_rate
 
 __all__ = ["CreditConfig", "RREDCoTTrainer", "TraceCredit", "credit_record"]
 
@@ -212,6 +212,7 @@ class RREDCoTTrainer(GRPOTrainer):
             self.num_generations,
             self.args.per_device_train_batch_size,
             average_gradients if self.accelerator.num_processes > 1 else None,
+            prm_learning_rate(self.credit.prime, self.args.learning_rate),
         )
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:

@@ -104,15 +104,17 @@ class PrimeSettings:
     whiten: bool = True
     """Whiten the token advantages over every completion token of the batch (mean 0, variance 1), as
     PRIME's trainer does before its policy loss."""
-    lr: float = field(default=1e-6, metadata={"exclusiveMinimum": 0.0})
-    """The PRM's AdamW learning rate (constant, no warmup; PRIME's 1e-6)."""
+    lr: float | None = field(default=None, metadata={"exclusiveMinimum": 0.0})
+    """The PRM's AdamW learning rate (constant, no warmup). None: twice the policy's, PRIME's ratio
+    (its PRM at 1e-6 beside a policy at 5e-7), so that the PRM learns at the pace of the policy it
+    scores whatever the scale of the run (``prm_learning_rate``)."""
     weight_decay: float = field(default=0.0, metadata={"minimum": 0.0})
     """The PRM's AdamW weight decay (PRIME's 0)."""
     grad_clip: float = field(default=10.0, metadata={"exclusiveMinimum": 0.0})
     """The PRM's gradient norm is clipped to this before each step (PRIME's 10)."""
 
     def __post_init__(self) -> None:
-        if self.beta <= 0 or self.lr <= 0 or self.grad_clip <= 0:
+        if self.beta <= 0 or (self.lr is not None and self.lr <= 0) or self.grad_clip <= 0:
             raise ValueError("prime beta, lr and grad_clip must be positive")
         if self.granularity not in ("token", "whole"):
             raise ValueError(f"prime granularity must be 'token' or 'whole', got {self.granularity!r}")
@@ -120,6 +122,20 @@ class PrimeSettings:
             raise ValueError("prime process_coef, outcome_coef and weight_decay must be non-negative")
         if not (0.0 <= self.process_gamma <= 1.0 and 0.0 <= self.outcome_gamma <= 1.0):
             raise ValueError("prime process_gamma and outcome_gamma must lie in [0, 1]")
+
+
+PRM_LR_RATIO = 2.0
+"""PRIME's PRM learning rate over its policy's (1e-6 against 5e-7)."""
+
+
+def prm_learning_rate(settings: PrimeSettings, policy_lr: float) -> float:
+    """The learning rate of PRIME's reward model: ``settings.lr``, else ``PRM_LR_RATIO`` times the
+    policy's."""
+    if settings.lr is not None:
+        return float(settings.lr)
+    if policy_lr <= 0:
+        raise ValueError(f"prime lr null needs the policy's learning rate, got {policy_lr}")
+    return PRM_LR_RATIO * float(policy_lr)
 
 
 @dataclass

@@ -137,7 +137,8 @@ READS: dict[str, StageReads] = {
     # options), Monte Carlo's rollouts are sampled as the traces were.
     "study_fidelity": StageReads(
         ("arms", "credit", "prompt", "model.dtype", "studies.max_new_tokens", "studies.fidelity")
-        + ("rl.num_generations", "rl.prompts_per_step")  # PRIME's groups and the batches of its PRM
+        # PRIME's groups, the batches of its PRM, and the policy's pace, which its PRM's follows.
+        + ("rl.num_generations", "rl.prompts_per_step", "rl.learning_rate")
         + _STUDY_SAMPLING,
         (*_LOGGING, "threads.eval"),
     ),

@@ -615,6 +615,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         groups,
                         int(cfg["rl"]["prompts_per_step"]),
                         float(studies["temperature"]),
+                        float(cfg["rl"]["learning_rate"]),
                         args.batch_size,
                         bar,
                     )

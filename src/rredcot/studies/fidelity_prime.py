@@ -35,7 +35,7 @@ from rredcot.adapter.prime import ImplicitPrm, causal_log_probs
 from rredcot.lm.generation import HFGenerator, sample_seed
 from rredcot.method.assign import CreditAssigner, TraceCredit
 from rredcot.method.registry import TraceInput
-from rredcot.method.settings import CreditConfig
+from rredcot.method.settings import CreditConfig, prm_learning_rate
 
 
 def companions(
@@ -91,11 +91,13 @@ def online_prime(
     groups: Sequence[Sequence[TraceInput]],
     groups_per_update: int,
     temperature: float,
+    policy_lr: float,
     chunk: int = 16,
     progress: Any = None,
 ) -> tuple[list[TraceCredit], dict[str, float]]:
     """PRIME's credit of the first trace of every group, its PRM trained online over the groups
-    ``groups_per_update`` at a time; and its cost (``seconds`` charged to the first traces,
+    ``groups_per_update`` at a time (at ``prime.lr``, else at PRIME's ratio to ``policy_lr``, the
+    run's learning rate); and its cost (``seconds`` charged to the first traces,
     ``prm_seconds`` of the PRM's steps, ``completions`` scored, ``updates``, and the PRM's loss at its
     first and last update and its last ranking accuracy, PRIME's ``dpo_acc``)."""
     sizes = {len(g) for g in groups}
@@ -109,7 +111,8 @@ def online_prime(
     prm_model = copy.deepcopy(model).train()
     for p in prm_model.parameters():
         p.requires_grad_(True)
-    prm = ImplicitPrm(prm_model, model.eval(), config.prime, log_probs, k, chunk)
+    lr = prm_learning_rate(config.prime, policy_lr)  # the PRM learns as it would beside the run's policy
+    prm = ImplicitPrm(prm_model, model.eval(), config.prime, log_probs, k, chunk, lr=lr)
     assigner = CreditAssigner(tokenizer, config)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     credits: list[TraceCredit] = []
