@@ -4,6 +4,7 @@ rredcot.infra.stats)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import polars as pl
@@ -340,11 +341,30 @@ def test_power_says_what_the_run_can_detect(inputs):
     assert PW.seeds_to_decide(0.002, 0.006, 20) == math.ceil(20 * (0.006 / 0.003) ** 2)  # too small to matter
     assert PW.seeds_to_decide(C.ACCURACY_THRESHOLD, 0.01, 20) is None
     md = MD.markdown([], "x", list(power.values()))
-    assert "**Power: underpowered.**" in md and "| RREDCoT | 3 x 100 |" in md and "| 31 | 108 |" in md
+    assert "**Power: underpowered** for RREDCoT (±0.030)" in md
+    assert "| RREDCoT | 3 x 100 |" in md and "| 31 | 108 |" in md
     tight = paired.with_columns(
         (pl.col("diff") - 0.008).alias("diff_low"), (pl.col("diff") + 0.008).alias("diff_high")
     )
     assert "**Power: powered.**" in MD.markdown([], "x", PW.power_table(tight))
+    # One wide comparison among narrow ones is named alone, with the widest of the rest; where its
+    # difference is already decided at that width (seeds to decide within the run's), the line says so.
+    oracle_row = pl.col("arm") == "Oracle"
+    one_wide = PW.power_table(
+        tight.with_columns(
+            pl.when(oracle_row).then(pl.col("diff") - 0.03).otherwise(pl.col("diff_low")).alias("diff_low"),
+            pl.when(oracle_row).then(pl.col("diff") + 0.03).otherwise(pl.col("diff_high")).alias("diff_high"),
+        )
+    )
+    oracle = next(p for p in one_wide if p.arm == "Oracle")
+    banner = MD.markdown([], "x", one_wide).split("\n")[4]
+    assert banner.startswith("**Power: underpowered** for Oracle (±0.030):")
+    assert "Every other interval is within ±0.01 (widest ±0.008)." in banner
+    assert ("Decided at their width all the same" in banner) == (oracle.seeds_to_decide <= oracle.seeds)
+    far = [dataclasses.replace(p, seeds_to_decide=2) if p.arm == "Oracle" else p for p in one_wide]
+    assert "Decided at their width all the same" in MD.markdown([], "x", far).split("\n")[4]
+    near = [dataclasses.replace(p, seeds_to_decide=500) if p.arm == "Oracle" else p for p in one_wide]
+    assert "Decided at their width" not in MD.markdown([], "x", near).split("\n")[4]
 
 
 def test_without_the_exact_arm_the_testbed_check_is_open(inputs):

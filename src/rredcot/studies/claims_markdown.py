@@ -38,6 +38,39 @@ def _verdict(claim: str | None, verdict: str | None) -> str:
     return "-" if claim is None else f"{verdict or 'not checked'} (`{claim}`)"
 
 
+def _power_banner(power: Sequence[Power]) -> str:
+    """The line heading the claims: whether every final-accuracy interval is within ±POWER_HALF_WIDTH,
+    and where one is not, which comparisons are wide and whether their verdicts are decided anyway (a
+    difference far enough from the threshold needs no narrower interval: ``Power.seeds_to_decide``)."""
+    widths = [p.half_width for p in power if p.half_width is not None]
+    worst = max(widths, default=math.nan)
+    if all(p.powered for p in power):
+        return (
+            f"**Power: powered.** Every final-accuracy interval is within ±{POWER_HALF_WIDTH} (widest "
+            f"±{worst:.3f}): a +0.02 difference is resolved."
+        )
+    wide = [p for p in power if not p.powered]
+    narrow = [p.half_width for p in power if p.powered and p.half_width is not None]
+    named = ", ".join(
+        f"{p.arm} (±{p.half_width:.3f})" if p.half_width is not None else f"{p.arm} (no interval)"
+        for p in wide
+    )
+    line = (
+        f"**Power: underpowered** for {named}: wider than the ±{POWER_HALF_WIDTH} that resolves a +0.02 "
+        "difference, so a verdict on an effect of that size is luck there (config/testbed.yaml is the "
+        "powered recipe)."
+    )
+    if narrow:
+        line += f" Every other interval is within ±{POWER_HALF_WIDTH} (widest ±{max(narrow):.3f})."
+    decided = [p.arm for p in wide if p.seeds_to_decide is not None and p.seeds_to_decide <= p.seeds]
+    if decided:
+        line += (
+            f" Decided at their width all the same (their difference lies far enough from the threshold; "
+            f'"seeds to decide" below): {", ".join(decided)}.'
+        )
+    return line
+
+
 def methods_section(methods: Sequence[MethodRow]) -> list[str]:
     """The lines of "Methods side by side": ``methods.csv`` as a table (``rredcot.studies.methods_table``)."""
     reference = methods[0].reference
@@ -98,20 +131,7 @@ def markdown(
         "",
     ]
     if power:
-        powered = all(p.powered for p in power)
-        worst = max((p.half_width for p in power if p.half_width is not None), default=math.nan)
-        lines += [
-            f"**Power: {'powered' if powered else 'underpowered'}.** "
-            + (
-                f"Every final-accuracy interval is within ±{POWER_HALF_WIDTH} (widest ±{worst:.3f}): a "
-                f"+0.02 difference is resolved."
-                if powered
-                else f"The widest final-accuracy interval is ±{worst:.3f}, more than the ±{POWER_HALF_WIDTH} "
-                f"that resolves a +0.02 difference: verdicts on effects of that size are luck here "
-                f"(config/testbed.yaml is the powered recipe)."
-            ),
-            "",
-        ]
+        lines += [_power_banner(power), ""]
     lines += [
         "| claim | verdict | value | 95% interval | threshold | measured | source |",
         "|---|---|---|---|---|---|---|",
