@@ -42,9 +42,8 @@ def _power_banner(power: Sequence[Power]) -> str:
     """The line heading the claims: whether every final-accuracy interval is within ±POWER_HALF_WIDTH,
     and where one is not, which comparisons are wide and whether their verdicts are decided anyway (a
     difference far enough from the threshold needs no narrower interval: ``Power.seeds_to_decide``)."""
-    widths = [p.half_width for p in power if p.half_width is not None]
-    worst = max(widths, default=math.nan)
     if all(p.powered for p in power):
+        worst = max((p.half_width for p in power if p.half_width is not None), default=math.nan)
         return (
             f"**Power: powered.** Every final-accuracy interval is within ±{POWER_HALF_WIDTH} (widest "
             f"±{worst:.3f}): a +0.02 difference is resolved."
