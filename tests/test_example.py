@@ -31,3 +31,23 @@ def test_the_marked_lines_are_the_change() -> None:
         "trainer = RREDCoTTrainer(  # RREDCoT (was: GRPOTrainer)",
         'credit=CreditConfig(method="rredcot"),  # RREDCoT: the credit method and its settings',
     ]
+
+
+SMOLLM2_EXAMPLE = EXAMPLE.with_name("rredcot_smollm2_math.py")
+
+
+def test_the_real_model_example_trains_two_steps(smollm2: Path, tmp_path: Path) -> None:
+    """examples/rredcot_smollm2_math.py as a user runs it, on SmolLM2-135M-Instruct (the checkpoint
+    converted from the installed package) and MATH problems: two steps, each logging its reward and
+    the traces its credit was assigned to, under the loss it states."""
+    proc = subprocess.run(
+        [sys.executable, str(SMOLLM2_EXAMPLE), "--model", str(smollm2), "--steps", "2"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    steps = re.findall(r"step (\d+): reward ([0-9.]+), credit assigned to (\d+) traces", proc.stdout)
+    assert [s for s, _, _ in steps] == ["1", "2"], proc.stdout[-2000:]
+    assert 'loss_type="grpo"' in SMOLLM2_EXAMPLE.read_text()

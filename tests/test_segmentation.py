@@ -261,10 +261,14 @@ def test_piece_starts_multi_token_keyword() -> None:
 
 def test_piece_starts_newline_inside_token() -> None:
     tokens = ["a", " b", ".\n\n", "c", " d", "\n", " ", "Wait", " e", "f\ng", "h"]
-    # Newlines end tokens 2, 5 and 9; "Wait" after a whitespace-only token is sentence-initial.
-    assert piece_starts(tokens, DEFAULT_KEYWORDS) == [0, 3, 6, 7, 10]
+    # Newlines end tokens 2 and 5; "Wait" after a whitespace-only token is sentence-initial. Token 9
+    # holds the end of a line and the start of the next ("g"): the new line's piece starts there.
+    assert piece_starts(tokens, DEFAULT_KEYWORDS) == [0, 3, 6, 7, 9]
     # A trailing newline token starts no empty piece.
     assert piece_starts(["a", "\n"], DEFAULT_KEYWORDS) == [0]
+    # A keyword that a newline token holds starts one piece, not two (at the keyword and after it).
+    assert piece_starts(["x", ".", "\nSo", ",", " y"], DEFAULT_KEYWORDS) == [0, 2]
+    assert piece_starts(["x", ".\nThe", " y", ".\n", "z"], DEFAULT_KEYWORDS) == [0, 1, 4]
 
 
 def _piece_starts_reference(
@@ -273,8 +277,11 @@ def _piece_starts_reference(
     """The original prefix-slicing, keyword-looping piece_starts, against which the fast one is checked."""
     text, starts, offset = "".join(tokens), {0} if tokens else set(), 0
     for i, token in enumerate(tokens):
-        if split_on_newline and "\n" in token and i + 1 < len(tokens):
-            starts.add(i + 1)
+        if split_on_newline and "\n" in token:
+            if token.split("\n")[-1].strip():
+                starts.add(i)
+            elif i + 1 < len(tokens):
+                starts.add(i + 1)
         lead = len(token) - len(token.lstrip())
         if lead < len(token):
             pos = offset + lead

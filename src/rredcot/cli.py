@@ -46,6 +46,11 @@ COMMANDS: dict[str, Command] = {
     "clean": Command(
         "rredcot.stages.clean:main", "INPUT --out O --flags F --report R [--config C]", "flag label errors"
     ),
+    "model": Command(
+        "rredcot.stages.model:main",
+        "--config C --out DIR",
+        "convert the pretrained model of model.gguf (a GGUF file in an installed package) into a checkpoint",
+    ),
     "sft": Command("rredcot.stages.sft:main", "--config C --data sft.jsonl --out DIR", "the SFT warm-up"),
     "train": Command(
         "rredcot.stages.train:main",

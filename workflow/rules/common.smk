@@ -5,8 +5,8 @@ import uuid
 
 import yaml
 
-from rredcot.settings.config import active_arms, validate
-from rredcot.settings.preflight import check_vllm
+from rredcot.settings.config import active_arms, pretrained_path, validate
+from rredcot.settings.preflight import check_model_source, check_vllm
 from rredcot.settings.reads import READS, stage_settings
 
 # Fails here, before any job runs, naming the bad key.
@@ -16,11 +16,13 @@ ARMS = active_arms(config)
 SEEDS = [int(s) for s in config["seeds"]]
 PY_CONFIG = f"{R}/config.resolved.yaml"
 
-# Before the first job (not in a dry run: `-n` shows any recipe's plan on any machine): vLLM stages
-# need vLLM installed, and where their jobs run on this CPU, a model and memory it can serve.
+# Before the first job (not in a dry run: `-n` shows any recipe's plan on any machine): a model from
+# a GGUF file needs its package installed; vLLM stages need vLLM installed, and where their jobs run
+# on this CPU, a model and memory it can serve.
 onstart:
     import torch
 
+    check_model_source(config)
     check_vllm(config, cuda=torch.cuda.is_available(), local=workflow.local_exec)
 
 
@@ -88,16 +90,19 @@ def launch_threads(stage):
 SYNTHETIC = config["data"]["kind"] == "synthetic"
 BENCHMARKS = [] if SYNTHETIC else list(config["data"]["benchmarks"])
 TABLE = f"{R}/{config['report']['table']}"
-# The model RL starts from: the SFT warm-up, or a pretrained checkpoint (a hub id or local path that
-# Snakemake does not track) when sft.enabled is false.
-START_MODEL = (
-    f"{R}/models/sft" if config["sft"]["enabled"] else config["model"]["name_or_path"]
+# A pretrained model (model.kind pretrained): a hub id or local path that Snakemake does not track,
+# or the checkpoint the model rule converts from model.gguf, which it does.
+PRETRAINED = (
+    pretrained_path(config) if config["model"]["kind"] == "pretrained" else None
 )
+PRETRAINED_INPUT = [PRETRAINED] if config["model"]["gguf"] else []
+# The model RL starts from: the SFT warm-up, or the pretrained model when sft.enabled is false.
+START_MODEL = f"{R}/models/sft" if config["sft"]["enabled"] else PRETRAINED
 
 
 def start_model_input(wildcards):
-    """The model RL starts from as a tracked input: only the SFT output is a file of this workflow."""
-    return [START_MODEL] if config["sft"]["enabled"] else []
+    """The model RL starts from as a tracked input, where it is a file of this workflow."""
+    return [START_MODEL] if config["sft"]["enabled"] else PRETRAINED_INPUT
 
 
 def model_dir(wildcards):

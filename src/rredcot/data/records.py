@@ -92,12 +92,17 @@ def rl_records(
     ]
 
 
-def sft_records(rows: Sequence[Mapping[str, Any]], template: str, eos: str) -> list[dict[str, str]]:
-    """Prompt/completion pairs for SFT warm-up (loss on the completion only). A row's optional
-    ``given`` text (the start of a trace up to an exit point) goes into the prompt, untrained."""
+def sft_records(
+    rows: Sequence[Mapping[str, Any]], template: str | Mapping[str, Any], eos: str, tokenizer: Any = None
+) -> list[dict[str, str]]:
+    """Prompt/completion pairs for SFT warm-up (loss on the completion only). ``template`` is a
+    template string or the config's whole ``prompt`` section: the prompt is what RL and evaluation
+    generate from (:func:`build_prompt`; with ``style: chat`` rendered by ``tokenizer``'s chat
+    template). A row's optional ``given`` text (the start of a trace up to an exit point) goes into
+    the prompt, untrained."""
     return [
         {
-            "prompt": format_prompt(template, row["problem"]) + (row.get("given") or ""),
+            "prompt": build_prompt(template, row["problem"], tokenizer) + (row.get("given") or ""),
             "completion": row["completion"] + eos,
         }
         for row in rows

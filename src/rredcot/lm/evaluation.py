@@ -145,6 +145,9 @@ def summarize(records: Sequence[Mapping[str, Any]], k: int) -> dict[str, dict[st
         stats: dict[str, float] = {"n": n}
         if all("greedy_correct" in r for r in recs):
             stats["greedy"] = sum(r["greedy_correct"] for r in recs) / n
+        if k == 0:  # greedy only (a probe): no samples to describe
+            summary[name] = stats
+            continue
         stats[f"avg@{k}"] = sum(_mean(r["sample_correct"]) for r in recs) / n
         stats[f"pass@{k}"] = sum(any(r["sample_correct"]) for r in recs) / n
         if all("sample_tokens" in r for r in recs):

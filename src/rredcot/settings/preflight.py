@@ -1,7 +1,8 @@
 """Checks of a whole configuration against the machine, before any job runs (the workflow calls
-:func:`check_vllm` when it reads its config).
+:func:`check_model_source` and :func:`check_vllm` when it starts).
 
-A config that generates with vLLM (``eval.backend``, ``studies.backend``, ``rl.gpu.use_vllm``) needs
+A pretrained model from a GGUF file (``model.gguf``) needs its package and the ``gguf`` reader
+installed (:func:`check_model_source`). A config that generates with vLLM (``eval.backend``, ``studies.backend``, ``rl.gpu.use_vllm``) needs
 vLLM installed; where the jobs run here without CUDA, also a model whose attention heads vLLM's CPU
 backend supports, host memory for an engine's KV cache, and a colocated engine (TRL pushes weights to
 a server over NCCL, which needs CUDA). Each problem is named with its fix. The jobs check again when
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rredcot.lm import vllm_engine as V
-from rredcot.settings.config import ConfigError
+from rredcot.settings.config import ConfigError, pretrained_path
 
 
 def vllm_users(cfg: Mapping[str, Any]) -> list[str]:
@@ -46,8 +47,8 @@ def vllm_problems(cfg: Mapping[str, Any], cuda: bool, local: bool) -> list[str]:
     size = None
     if model["kind"] == "scratch":
         size = V.head_size(model["hidden_size"], model["num_heads"])
-    elif model["name_or_path"] and (Path(model["name_or_path"]) / "config.json").is_file():
-        size = V.model_head_size(model["name_or_path"])
+    elif (Path(pretrained_path(cfg)) / "config.json").is_file():
+        size = V.model_head_size(pretrained_path(cfg))
     if size is not None:
         try:
             V.check_cpu_head_size(size, f"{', '.join(users)} on this CPU: the model")
@@ -74,3 +75,20 @@ def check_vllm(cfg: Mapping[str, Any], cuda: bool, local: bool) -> None:
         raise ConfigError(
             "this configuration cannot run its vLLM stages here:\n  - " + "\n  - ".join(problems)
         )
+
+
+def check_model_source(cfg: Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` naming the install command when the package that holds
+    ``model.gguf``'s file, or the ``gguf`` reader, is missing; nothing to check for other models."""
+    from rredcot.lm.gguf import ModelSourceError, locate_gguf, require_gguf_reader
+
+    source = cfg["model"]["gguf"]
+    if cfg["model"]["kind"] != "pretrained" or source is None:
+        return
+    if (Path(pretrained_path(cfg)) / "config.json").is_file():
+        return  # converted already: neither is read again
+    try:
+        locate_gguf(source["package"], source["file"])
+        require_gguf_reader()
+    except ModelSourceError as exc:
+        raise ConfigError(f"this configuration cannot convert its model here: {exc}") from None

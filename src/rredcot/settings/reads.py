@@ -76,8 +76,10 @@ READS: dict[str, StageReads] = {
         _LOGGING,
     ),
     "clean": StageReads(("clean",), _LOGGING),
+    "model": StageReads(("model.kind", "model.gguf"), _LOGGING),
     "sft": StageReads(
-        ("model", "sft", "prompt.template", "distributed"),
+        ("model", "sft", "prompt.template", "prompt.style", "prompt.system_prompt", "prompt.think_start")
+        + ("distributed",),
         (*_LOGGING, *_PORTS, "threads.sft", "sft.save_every", "sft.resume", "sft.enabled"),
     ),
     "train": StageReads(

@@ -1,7 +1,9 @@
 """SFT warm-up: the starting policy for every RL arm.
 
 For ``model.kind: scratch`` a byte-level BPE tokenizer is trained on the SFT split and a small Qwen2
-model is initialised; for ``pretrained`` the checkpoint named in the config is loaded. Either way
+model is initialised; for ``pretrained`` the checkpoint named in the config is loaded (a hub id, a
+local directory, or the model stage's conversion of ``model.gguf``), and the prompts are written as
+RL and evaluation write them (in the tokenizer's chat template with ``prompt.style: chat``). Either way
 TRL's SFTTrainer fits the teacher completions (loss on completion tokens only) and the result is
 saved with ``save_pretrained``. Checkpoints every ``sft.save_every`` steps go to
 ``--checkpoint-dir``; a rerun after a crash resumes from the last one (docs/resume.md).
@@ -40,6 +42,7 @@ from rredcot.lm.modeling import (
     sft_attention,
     train_tokenizer,
 )
+from rredcot.settings.config import pretrained_path
 from rredcot.settings.reads import stage_config, stage_settings
 
 _log = logging.getLogger(__name__)
@@ -61,14 +64,45 @@ def build_start(cfg: Mapping[str, Any], rows: list[dict], resume_from: Path | No
     spec = cfg["model"]
     attention = sft_attention(spec, cfg["sft"]["attn_implementation"])
     if spec["kind"] == "pretrained":  # float32 master weights; autocast computes in model.dtype
-        return load_tokenizer(spec["name_or_path"]), load_model(spec["name_or_path"], "float32", attention)
+        path = pretrained_path(cfg)
+        return load_tokenizer(path), load_model(path, "float32", attention)
     if resume_from is not None:
         tok = load_tokenizer(resume_from)
     else:
         # The tokenizer learns from exactly the texts SFT trains on (prompt, given thinking, completion).
-        records = sft_records(rows, cfg["prompt"]["template"], eos="")
+        records = sft_records(rows, cfg["prompt"], eos="")
         tok = train_tokenizer([r["prompt"] + r["completion"] for r in records], spec["vocab_size"])
     return tok, build_scratch_model(tok, spec, cfg["sft"]["seed"], attention)
+
+
+class FullLogitsSFTTrainer(SFTTrainer):
+    """TRL's SFTTrainer with the loss read off the model's whole logits (``sft.loss_logits: full``).
+
+    TRL computes the completion tokens' log-probabilities with its fused LM head, in tiles that never
+    hold the whole logits; without Triton (on a CPU) the tiles are folded by torch operations, which
+    for SmolLM2's 49,152-token vocabulary took about as long as the rest of an SFT step. This is the
+    same loss (the mean negative log-likelihood of the completion tokens, normalised as TRL
+    normalises it) from one log-softmax over the whole logits."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001
+        model_inputs = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "position_ids")}
+        outputs = model(**model_inputs)
+        targets = inputs["labels"][:, 1:]
+        logits = outputs.logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), targets, ignore_index=-100, reduction="sum"
+        )
+        mask = targets != -100
+        tokens = mask.sum()
+        loss = nll / torch.as_tensor(tokens if num_items_in_batch is None else num_items_in_batch).clamp(min=1)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * self.accelerator.num_processes
+        with torch.no_grad():
+            correct = (logits.argmax(dim=-1) == targets) & mask
+            counts = self.accelerator.gather_for_metrics(torch.stack([tokens, correct.sum()]).view(1, 2)).sum(0)
+        mode = "train" if model.training else "eval"
+        self._metrics[mode]["mean_token_accuracy"].append(float(counts[1] / counts[0].clamp(min=1)))
+        return (loss, outputs) if return_outputs else loss
 
 
 def mean_loss(training_loss: float, state: Any, resumed_step: int) -> float:
@@ -107,7 +141,7 @@ def build_sft_trainer(
     few hundred steps of a fresh or a trained model."""
     tok, model = start or build_start(cfg, rows, resume_from)
     tok.padding_side = "right"  # training pads on the right; generation switches to left
-    records = sft_records(rows, cfg["prompt"]["template"], tok.eos_token)
+    records = sft_records(rows, cfg["prompt"], tok.eos_token, tok)
     s = cfg["sft"]
     args = SFTConfig(
         output_dir=str(checkpoints),
@@ -133,7 +167,8 @@ def build_sft_trainer(
         seed=s["seed"],
         dataloader_num_workers=0,
     )
-    return SFTTrainer(
+    trainer_class = FullLogitsSFTTrainer if s["loss_logits"] == "full" else SFTTrainer
+    return trainer_class(
         model=model,
         args=args,
         train_dataset=Dataset.from_list(records),
