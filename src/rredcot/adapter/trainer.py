@@ -98,36 +98,25 @@ class RREDCoTTrainer(GRPOTrainer):
         sampling_seed: int | None = None,
         **kwargs: Any,
     ) -> None:
+        # What can be checked before TRL builds anything (and long before a first generation): the
+        # credit settings, what the method needs of the caller, and the dataset's columns.
+        credit = _credit_config(credit)
+        _check_needs(credit, culprit=culprit, rollout_reward=rollout_reward, task_values=task_values)
+        _check_columns(credit, kwargs.get("train_dataset", args[3] if len(args) > 3 else None))
         training_args = kwargs.get("args", args[2] if len(args) > 2 else None)  # GRPOTrainer's third
         cpu_colocated = _cpu_colocated_vllm(training_args)
         with colocated_engine_options(training_args):
             super().__init__(*args, **kwargs)
         if cpu_colocated:
             use_cpu_weight_sync(self)
-        self.credit = credit or CreditConfig()
+        self.credit = credit
         # None: TRL's own random stream, which after the first step depends on everything drawn
         # before. An int: every generation batch draws from a stream of its own, seeded by
         # (sampling_seed, step, batch of the step, process); see _generate_and_score_completions.
         self.sampling_seed = sampling_seed
         self._generation_batches: dict[int, int] = {}  # step -> generation batches drawn in it
-        if "culprit" in self.credit.kind.needs and culprit is None:
-            raise ValueError(
-                f"credit method {self.credit.method!r} needs culprit=: where each completion first goes "
-                "wrong, which only a task that can check every step knows (the synthetic task)"
-            )
         self.culprit = culprit
-        if "outcome" in self.credit.kind.needs and rollout_reward is None:
-            raise ValueError(
-                f"credit method {self.credit.method!r} needs rollout_reward=: the reward in [0, 1] of a "
-                "completion's text for its dataset row, to score the policy rollouts from each exit point"
-            )
         self.rollout_reward = rollout_reward
-        if "task_values" in self.credit.kind.needs and task_values is None:
-            raise ValueError(
-                f"credit method {self.credit.method!r} needs task_values=: the values a task computes at "
-                "character offsets of each completion, which only a task that can check every step knows "
-                "(the synthetic task)"
-            )
         self.task_values = task_values
         self.credit_views: list[dict[str, Any]] = []
         self.assigner = CreditAssigner(self.processing_class, self.credit)
@@ -513,6 +502,67 @@ class RREDCoTTrainer(GRPOTrainer):
                     mix=cfg.mix,
                 )
             )
+
+
+def _credit_config(credit: CreditConfig | dict[str, Any] | None) -> CreditConfig:
+    """``credit=`` as a ``CreditConfig``: None is the default one, a dict its settings; its fields are
+    checked again (a setting changed after construction)."""
+    if credit is None:
+        return CreditConfig()
+    if isinstance(credit, dict):
+        return CreditConfig.from_dict(credit)
+    if not isinstance(credit, CreditConfig):
+        raise ValueError(
+            f"credit= must be a CreditConfig or a dict of its settings, got {type(credit).__name__}"
+        )
+    credit.validate()
+    return credit
+
+
+def _check_needs(credit: CreditConfig, **given: Any) -> None:
+    """The functions of the task that the credit method needs, given to the trainer."""
+    needs = credit.kind.needs
+    if "culprit" in needs and given["culprit"] is None:
+        raise ValueError(
+            f"credit method {credit.method!r} needs culprit=: where each completion first goes "
+            "wrong, which only a task that can check every step knows (the synthetic task)"
+        )
+    if "outcome" in needs and given["rollout_reward"] is None:
+        raise ValueError(
+            f"credit method {credit.method!r} needs rollout_reward=: the reward in [0, 1] of a "
+            "completion's text for its dataset row, to score the policy rollouts from each exit point"
+        )
+    if "task_values" in needs and given["task_values"] is None:
+        raise ValueError(
+            f"credit method {credit.method!r} needs task_values=: the values a task computes at "
+            "character offsets of each completion, which only a task that can check every step knows "
+            "(the synthetic task)"
+        )
+
+
+def required_columns(credit: CreditConfig) -> tuple[str, ...]:
+    """The dataset columns that ``credit``'s method reads of every row: ``answer`` for a method that
+    scores reference pairs (and ``reference_log_q`` with ``proposal="given"``); none for the others.
+    ``reference`` and ``reference_utility`` are optional."""
+    if "reference_pairs" not in credit.kind.needs:
+        return ()
+    return ("answer", "reference_log_q") if credit.proposal == "given" else ("answer",)
+
+
+def _check_columns(credit: CreditConfig, dataset: Any) -> None:
+    """The training dataset has the columns the credit method reads (where it knows its columns: a
+    ``datasets`` Dataset does; an IterableDataset may not, and is then checked row by row)."""
+    columns = getattr(dataset, "column_names", None)
+    if not isinstance(columns, list):
+        return
+    missing = [c for c in required_columns(credit) if c not in columns]
+    if missing:
+        what = {"answer": "the reference answer", "reference_log_q": "the pair's log q, for proposal 'given'"}
+        raise ValueError(
+            f"credit method {credit.method!r} needs the train_dataset column(s) "
+            + ", ".join(f"{c!r} ({what[c]})" for c in missing)
+            + f"; the dataset has {columns}"
+        )
 
 
 def _cpu_colocated_vllm(args: Any) -> bool:
