@@ -62,6 +62,10 @@ def reward(completions, answer, **kwargs):
 
 args = GRPOConfig(
     output_dir=tempfile.mkdtemp(),
+    # Each trace's token mean, the loss RREDCoT's σ is defined under: a trace's loss is Σ_t σ_t ℓ_t.
+    # TRL's default is "dapo" (every token of the batch alike), under which σ·|o| still moves weight
+    # between a trace's tokens but a trace weighs by its length (docs/library.md, "The loss type").
+    loss_type="grpo",
     per_device_train_batch_size=8,
     num_generations=4,
     max_completion_length=24,

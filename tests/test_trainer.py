@@ -468,12 +468,60 @@ def test_entropy_credit_needs_no_answer_column(setup):
     batch = trainer._generate_and_score_completions([prompts[i] for i in range(8)])
     assert batch["advantages"].shape == batch["completion_ids"].shape
     assert trainer._metrics["train"]["credit/traces"][-1] > 0
-    rredcot = _trainer(
-        setup, "no-answer-rredcot", CreditConfig(method="rredcot", exit_string="</think>\n"), dataset=prompts
-    )
-    with pytest.raises(KeyError, match="'answer' column"):
-        rredcot.model.train()
-        rredcot._generate_and_score_completions([prompts[i] for i in range(8)])
+
+
+# -- bad settings fail at construction, before TRL builds anything -------------------------------------
+def test_a_dataset_without_answer_fails_at_construction(setup):
+    """A method that scores reference pairs needs the ``answer`` column: the trainer refuses the
+    dataset when it is built, naming the column, not after a first generation."""
+    _, _, _, dataset, _ = setup
+    prompts = Dataset.from_list([{"prompt": row["prompt"]} for row in dataset])
+    with pytest.raises(
+        ValueError, match=r"credit method 'rredcot' needs the train_dataset column\(s\) 'answer'"
+    ):
+        _trainer(setup, "no-answer-rredcot", CreditConfig(method="rredcot"), dataset=prompts)
+    given = CreditConfig(method="rredcot", proposal="given")
+    with pytest.raises(ValueError, match="'reference_log_q'"):  # proposal 'given' reads its log q
+        _trainer(setup, "no-log-q", given)
+
+
+def test_an_empty_exit_string_fails_at_construction(setup):
+    """Every method but uniform finds the end of the thinking by ``exit_string``: an empty one is
+    refused by CreditConfig, and by the trainer when it was emptied after construction."""
+    with pytest.raises(ValueError, match="exit_string must hold text besides whitespace for credit method"):
+        CreditConfig(method="rredcot", exit_string="")
+    assert CreditConfig(method="uniform", exit_string="").exit_string == ""  # uniform reads none
+    credit = CreditConfig(method="entropy")
+    credit.exit_string = " \n"
+    with pytest.raises(
+        ValueError, match="exit_string must hold text besides whitespace for credit method 'entropy'"
+    ):
+        _trainer(setup, "empty-exit", credit)
+
+
+def test_settings_sections_may_be_dicts(setup):
+    """``segmentation=`` (and every other section) given as a dict, the way TRL users pass settings,
+    becomes its class; a dict with a key the class lacks, or a value of another kind, is refused
+    naming the class. The dict config trains as the typed one."""
+    credit = CreditConfig(method="rredcot", segmentation={"n_segments": 4}, budget={"max_batch_tokens": 4096})
+    assert credit.segmentation == dataclasses.replace(CreditConfig().segmentation, n_segments=4)
+    assert credit.budget.max_batch_tokens == 4096
+    with pytest.raises(ValueError, match="segmentation: SegmentationConfig has no setting.s. n_segs"):
+        CreditConfig(segmentation={"n_segs": 4})
+    with pytest.raises(
+        ValueError, match="segmentation must be a SegmentationConfig or a dict of its settings"
+    ):
+        CreditConfig(segmentation=4)
+    with pytest.raises(ValueError, match="n_segments must be an integer >= 1"):  # the class's own checks
+        CreditConfig(segmentation={"n_segments": 0})
+    # credit= itself may be a dict too; its step assigns credit with four segments at most.
+    trainer = _trainer(setup, "dict-credit", {"method": "rredcot", "segmentation": {"n_segments": 4}})
+    assert trainer.credit.segmentation.n_segments == 4
+    torch.manual_seed(3)
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([setup[3][i] for i in range(8)])
+    assert batch["advantages"].shape == batch["completion_ids"].shape
+    assert 1 <= trainer._metrics["train"]["credit/segments"][-1] <= 4 + 1  # thinking segments + the answer
 
 
 def test_evaluation_batches_get_no_credit(setup):

@@ -166,6 +166,25 @@ COMMANDS: dict[str, Command] = {
     ),
 }
 
+PIPELINE_MODULES: dict[str, str] = {
+    "mlflow": "mlflow",
+    "polars": "polars",
+    "seaborn": "seaborn",
+    "scipy": "scipy",
+    "matplotlib": "matplotlib",
+    "snakemake": "snakemake",
+    "snakemake-executor-plugin-slurm": "snakemake_executor_plugin_slurm",
+    "jsonschema": "jsonschema",
+    "pyyaml": "yaml",
+    "datasketch": "datasketch",
+}
+"""The packages of the ``pipeline`` extra (pyproject.toml), by the name pip installs, and the module
+each is imported as. The library alone (``pip install rredcot``) has none of them; a command that
+imports one says it needs the extra (:func:`main`). ``tests/test_cli.py`` checks the table against
+pyproject.toml."""
+
+PIPELINE_HINT = "pip install 'rredcot[pipeline]'"
+
 STAGES: dict[str, str] = {name: command.target for name, command in COMMANDS.items()}
 """Command name -> ``module:function``, what :func:`main` dispatches to."""
 
@@ -194,7 +213,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"rredcot: unknown command {stage!r}; choose one of: {', '.join(COMMANDS)}")
     setup_logging()
     module, func = COMMANDS[stage].target.split(":")
-    getattr(importlib.import_module(module), func)(rest)
+    try:
+        getattr(importlib.import_module(module), func)(rest)
+    except ModuleNotFoundError as exc:
+        package = {m: p for p, m in PIPELINE_MODULES.items()}.get((exc.name or "").split(".")[0])
+        if package is None:
+            raise
+        # The library-only install: one line that says what to install, not an import traceback.
+        raise SystemExit(
+            f"rredcot {stage}: needs the pipeline's packages ({package} is not installed): {PIPELINE_HINT}"
+        ) from None
 
 
 if __name__ == "__main__":

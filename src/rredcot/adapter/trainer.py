@@ -16,7 +16,10 @@ by teacher forcing the reference pairs with the value model in a single pass per
 SPO-chain; ``prime``, PRIME) gives every token its own advantage instead: those replace TRL's
 advantages as they are (:func:`rredcot.method.assign.paid_credit`), for every completion, whatever its
 group's advantage. PRIME's implicit process reward model (:mod:`rredcot.adapter.prime`) is updated on
-each generation batch before its credit is assigned, and saved in every checkpoint.
+each generation batch before its credit is assigned, and saved in every checkpoint. TRL's (B,)
+advantages stay in the batch (``outcome_advantages``): TRL's sequence-level sign tests (the
+off-policy sequence mask, VESPO's gamma weights) read them, so they stay sequence rules under every
+credit form (:meth:`RREDCoTTrainer._compute_loss`).
 
 Distributed runs (``accelerate launch``: DDP, DeepSpeed ZeRO-1/2/3, FSDP2): the credit passes run on
 whole parameters (:func:`rredcot.adapter.distributed.scoring_model`), so each process scores its own slice
@@ -67,7 +70,9 @@ _log = logging.getLogger(__name__)
 class RREDCoTTrainer(GRPOTrainer):
     """GRPOTrainer whose advantages are redistributed over tokens by a credit method.
 
-    Pass ``credit=CreditConfig(...)`` in addition to the usual GRPOTrainer arguments. Dataset columns
+    Pass ``credit=CreditConfig(...)`` (or a dict of its settings) in addition to the usual
+    GRPOTrainer arguments; the settings, what the method needs and the dataset's columns are checked
+    here, before TRL builds anything. Dataset columns
     by method: ``uniform`` and ``entropy`` need none beyond TRL's; ``rredcot*`` need ``answer`` (the
     reference answer) and ``reference`` (the reference solution text; empty is allowed), and
     optionally ``reference_log_q`` (``proposal: given``) and ``reference_utility``. ``oracle`` needs
@@ -98,36 +103,26 @@ class RREDCoTTrainer(GRPOTrainer):
         sampling_seed: int | None = None,
         **kwargs: Any,
     ) -> None:
+        # What can be checked before TRL builds anything (and long before a first generation): the
+        # credit settings, what the method needs of the caller, and the dataset's columns.
+        credit = _credit_config(credit)
+        _check_needs(credit, culprit=culprit, rollout_reward=rollout_reward, task_values=task_values)
+        _check_columns(credit, kwargs.get("train_dataset", args[3] if len(args) > 3 else None))
         training_args = kwargs.get("args", args[2] if len(args) > 2 else None)  # GRPOTrainer's third
         cpu_colocated = _cpu_colocated_vllm(training_args)
         with colocated_engine_options(training_args):
             super().__init__(*args, **kwargs)
         if cpu_colocated:
             use_cpu_weight_sync(self)
-        self.credit = credit or CreditConfig()
+        self.credit = credit
+        self._outcome_advantages: torch.Tensor | None = None  # of the micro-batch _compute_loss is on
         # None: TRL's own random stream, which after the first step depends on everything drawn
         # before. An int: every generation batch draws from a stream of its own, seeded by
         # (sampling_seed, step, batch of the step, process); see _generate_and_score_completions.
         self.sampling_seed = sampling_seed
         self._generation_batches: dict[int, int] = {}  # step -> generation batches drawn in it
-        if "culprit" in self.credit.kind.needs and culprit is None:
-            raise ValueError(
-                f"credit method {self.credit.method!r} needs culprit=: where each completion first goes "
-                "wrong, which only a task that can check every step knows (the synthetic task)"
-            )
         self.culprit = culprit
-        if "outcome" in self.credit.kind.needs and rollout_reward is None:
-            raise ValueError(
-                f"credit method {self.credit.method!r} needs rollout_reward=: the reward in [0, 1] of a "
-                "completion's text for its dataset row, to score the policy rollouts from each exit point"
-            )
         self.rollout_reward = rollout_reward
-        if "task_values" in self.credit.kind.needs and task_values is None:
-            raise ValueError(
-                f"credit method {self.credit.method!r} needs task_values=: the values a task computes at "
-                "character offsets of each completion, which only a task that can check every step knows "
-                "(the synthetic task)"
-            )
         self.task_values = task_values
         self.credit_views: list[dict[str, Any]] = []
         self.assigner = CreditAssigner(self.processing_class, self.credit)
@@ -141,7 +136,9 @@ class RREDCoTTrainer(GRPOTrainer):
         if "process_log_probs" in self.credit.kind.needs:
             self._prime = self._implicit_prm()
         if not self.credit.kind.uniform and self.loss_type != "grpo":
-            # σ sums to 1 per trace only under the sequence-mean normaliser.
+            # σ·|o| moves weight between a trace's tokens under every normaliser; σ_t is token t's
+            # share of the trace's loss only where the normaliser takes each trace's token mean
+            # ("grpo", "sapo"; docs/library.md, "The loss type").
             _log.info("loss_type=%r: σ·|o| is applied under that normaliser", self.loss_type)
 
     def _frozen_start(self) -> torch.nn.Module:
@@ -254,10 +251,15 @@ class RREDCoTTrainer(GRPOTrainer):
         t0 = time.perf_counter()
         advantages, mask = out["advantages"], out["completion_mask"]
         per_token = self._credit_multipliers(inputs, out).to(advantages.dtype)
+        # TRL's (B,) advantages stay in the batch as the outcome advantages: where TRL tests the sign
+        # of a sequence's advantage, the loss reads them (_compute_loss). TRL splits and shuffles
+        # every tensor of the batch along dim 0 together, so each row keeps its own.
+        out["outcome_advantages"] = advantages
         if self.credit.kind.form == "advantage":
             # The method's own token advantages replace TRL's (B,) ones; 0 on padding, which the
             # loss masks out anyway.
             out["advantages"] = torch.where(mask.bool(), per_token, 0.0)
+            self._log_loss_advantages(out)
             return self._log_credit_seconds(out, t0)
         # Here TRL's (B,) advantages become (B, T): row i is A_i · σ·|o| over completion i's tokens.
         # This relies on GRPOTrainer._compute_loss (TRL >= 0.26; pyproject.toml's floor is 0.29): it
@@ -267,7 +269,62 @@ class RREDCoTTrainer(GRPOTrainer):
         # TRL splits and shuffles the batch dict along dim 0 only, so (B, T) rows travel intact.
         # Padding positions are masked out of the loss; keep the factor 1 there so nothing changes.
         out["advantages"] = advantages.unsqueeze(1) * torch.where(mask.bool(), per_token, 1.0)
+        self._log_loss_advantages(out)
         return self._log_credit_seconds(out, t0)
+
+    def _log_loss_advantages(self, out: dict[str, Any]) -> None:
+        """Put the advantages the loss uses into TRL's completion log in place of the (B,) ones TRL
+        logged before the credit (its ``advantage`` column): each completion's token advantages
+        averaged over its tokens. Under a ``share`` method that is A again (σ·|o| averages to 1 over
+        a trace); under an ``advantage`` method it is the mean of the method's own. An empty
+        completion has no token: its entry stays TRL's."""
+        logged = getattr(self, "_logs", {}).get("advantages")
+        if logged is None:  # a TRL without the completion log
+            return
+        advantages, mask = out["advantages"], out["completion_mask"]
+        lengths = mask.sum(dim=1)
+        means = (advantages * mask).sum(dim=1) / lengths.clamp(min=1)
+        local = torch.where(lengths > 0, means, out["outcome_advantages"]).tolist()
+        every = gather_objects(self.accelerator, local)  # in process order, as TRL logged them
+        n = min(len(every), len(logged))
+        for k, value in zip(range(len(logged) - n, len(logged)), every[len(every) - n :], strict=True):
+            logged[k] = value
+
+    # -- TRL's sequence-level sign tests ----------------------------------------------------------
+    # TRL tests the sign of a sequence's advantage in two places: the off-policy sequence mask
+    # (off_policy_mask_threshold: drop a sequence with a negative advantage that is far off policy)
+    # and VESPO's gamma weights (loss_type="vespo": the shape of a sequence's weight by the sign of its
+    # advantage). Given (B, T) advantages both would decide per token. The loss gives them the trace's
+    # outcome advantage A (TRL's own (B,) one) instead, so that they decide per sequence as in TRL:
+    # under a ``share`` method this changes nothing in the loss (A·σ·|o| has A's sign wherever it is
+    # not 0); under an ``advantage`` method (SPO-chain, PRIME), whose token advantages change sign
+    # within a trace, it keeps the sequence rule a sequence rule. TRL's token-level sign tests stay
+    # token-level: PPO's clipping (and its clip_ratio metrics) and SAPO's temperatures, which gate each
+    # token's own update by the sign of that token's advantage (docs/library.md, "TRL's sign tests").
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        self._outcome_advantages = inputs.get("outcome_advantages")
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._outcome_advantages = None
+
+    def _sequence_advantages(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        """The arguments of a sequence-level sign test with the outcome advantages, (B, 1), in place
+        of the token advantages (unchanged where the batch has none: uniform credit, evaluation)."""
+        if self._outcome_advantages is None:
+            return args, kwargs
+        outcome = self._outcome_advantages.unsqueeze(1)
+        if "advantages" in kwargs:
+            return args, {**kwargs, "advantages": outcome}
+        return (outcome, *args[1:]), kwargs
+
+    def get_off_policy_mask(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        args, kwargs = self._sequence_advantages(args, kwargs)
+        return super().get_off_policy_mask(*args, **kwargs)
+
+    def get_gamma_weights(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        args, kwargs = self._sequence_advantages(args, kwargs)
+        return super().get_gamma_weights(*args, **kwargs)
 
     def _log_credit_seconds(self, out: dict[str, Any], t0: float) -> dict[str, Any]:
         """Log the credit's seconds since ``t0`` and return ``out``. The step waits for the slowest
@@ -513,6 +570,67 @@ class RREDCoTTrainer(GRPOTrainer):
                     mix=cfg.mix,
                 )
             )
+
+
+def _credit_config(credit: CreditConfig | dict[str, Any] | None) -> CreditConfig:
+    """``credit=`` as a ``CreditConfig``: None is the default one, a dict its settings; its fields are
+    checked again (a setting changed after construction)."""
+    if credit is None:
+        return CreditConfig()
+    if isinstance(credit, dict):
+        return CreditConfig.from_dict(credit)
+    if not isinstance(credit, CreditConfig):
+        raise ValueError(
+            f"credit= must be a CreditConfig or a dict of its settings, got {type(credit).__name__}"
+        )
+    credit.validate()
+    return credit
+
+
+def _check_needs(credit: CreditConfig, **given: Any) -> None:
+    """The functions of the task that the credit method needs, given to the trainer."""
+    needs = credit.kind.needs
+    if "culprit" in needs and given["culprit"] is None:
+        raise ValueError(
+            f"credit method {credit.method!r} needs culprit=: where each completion first goes "
+            "wrong, which only a task that can check every step knows (the synthetic task)"
+        )
+    if "outcome" in needs and given["rollout_reward"] is None:
+        raise ValueError(
+            f"credit method {credit.method!r} needs rollout_reward=: the reward in [0, 1] of a "
+            "completion's text for its dataset row, to score the policy rollouts from each exit point"
+        )
+    if "task_values" in needs and given["task_values"] is None:
+        raise ValueError(
+            f"credit method {credit.method!r} needs task_values=: the values a task computes at "
+            "character offsets of each completion, which only a task that can check every step knows "
+            "(the synthetic task)"
+        )
+
+
+def required_columns(credit: CreditConfig) -> tuple[str, ...]:
+    """The dataset columns that ``credit``'s method reads of every row: ``answer`` for a method that
+    scores reference pairs (and ``reference_log_q`` with ``proposal="given"``); none for the others.
+    ``reference`` and ``reference_utility`` are optional."""
+    if "reference_pairs" not in credit.kind.needs:
+        return ()
+    return ("answer", "reference_log_q") if credit.proposal == "given" else ("answer",)
+
+
+def _check_columns(credit: CreditConfig, dataset: Any) -> None:
+    """The training dataset has the columns the credit method reads (where it knows its columns: a
+    ``datasets`` Dataset does; an IterableDataset may not, and is then checked row by row)."""
+    columns = getattr(dataset, "column_names", None)
+    if not isinstance(columns, list):
+        return
+    missing = [c for c in required_columns(credit) if c not in columns]
+    if missing:
+        what = {"answer": "the reference answer", "reference_log_q": "the pair's log q, for proposal 'given'"}
+        raise ValueError(
+            f"credit method {credit.method!r} needs the train_dataset column(s) "
+            + ", ".join(f"{c!r} ({what[c]})" for c in missing)
+            + f"; the dataset has {columns}"
+        )
 
 
 def _cpu_colocated_vllm(args: Any) -> bool:

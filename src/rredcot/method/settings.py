@@ -7,7 +7,9 @@ once; the workflow's config tree embeds these classes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from numbers import Real
 from typing import Any, Literal
 
 from rredcot.method import segmentation as S
@@ -207,6 +209,25 @@ class CreditSettings:
         return tuple(dict.fromkeys([*names, *source.reads]))
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field (``__post_init__`` does; the trainer does again, for a setting changed
+        after construction). A settings section given as a dict (``segmentation={"n_segments": 4}``)
+        becomes its class here; anything else that is not that class is refused, naming it."""
+        for f in fields(self):
+            section = _section_class(f)
+            if section is not None:
+                setattr(self, f.name, settings_section(section, getattr(self, f.name), f.name))
+        for name in ("group_pairs",):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        for name in ("view_every", "view_samples"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        if not isinstance(self.mix, Real) or isinstance(self.mix, bool):
+            raise ValueError(f"mix must be a number in [0, 1], got {self.mix!r}")
         choices = {
             "proposal": ("uniform", "given"),
             "value_model": ("policy", "reference"),
@@ -241,11 +262,29 @@ class CreditConfig(CreditSettings):
     answer_suffix: str = DEFAULT_ANSWER_SUFFIX
     """Text after the reference answer."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        reads_baseline = "answer_baseline" in self.read_by(credit_method(self.method))
+    def validate(self) -> None:
+        super().validate()
+        for name in ("method", "exit_string", "answer_prefix", "answer_suffix"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string, got {getattr(self, name)!r}")
+        method = credit_method(self.method)  # an unknown method fails here, listing the known ones
+        if not method.uniform and not self.exit_string.strip():
+            # Every method but uniform finds where a completion's thinking ends by it.
+            raise ValueError(
+                f"exit_string must hold text besides whitespace for credit method {self.method!r}, which "
+                f"finds where a completion's thinking ends by it (got {self.exit_string!r}); the default "
+                f"is {DEFAULT_EXIT_STRING!r}"
+            )
+        reads_baseline = "answer_baseline" in self.read_by(method)
         if reads_baseline and self.answer_baseline == "greedy" and not self.answer_prefix.strip():
             raise ValueError("answer_baseline 'greedy' needs a non-blank answer_prefix to end the solution")
+
+    @classmethod
+    def from_dict(cls, settings: Mapping[str, Any]) -> CreditConfig:
+        """A ``CreditConfig`` from a dict of its settings, nested sections as dicts or as their
+        classes (``{"method": "rredcot", "segmentation": {"n_segments": 4}}``); an unknown key is
+        refused, naming the known ones."""
+        return settings_section(cls, settings, "credit")
 
     @property
     def kind(self) -> CreditMethod:
@@ -267,3 +306,31 @@ class CreditConfig(CreditSettings):
     def from_settings(cls, settings: CreditSettings, **rest: Any) -> CreditConfig:
         """The shared settings plus a method and the exit text."""
         return cls(**{f.name: getattr(settings, f.name) for f in fields(CreditSettings)}, **rest)
+
+
+def _section_class(f: Any) -> type | None:
+    """The settings class of a field that holds a section of settings (its default is an instance
+    of a dataclass), else None."""
+    factory = f.default_factory
+    if factory is not MISSING and isinstance(factory, type) and is_dataclass(factory):
+        return factory
+    return None
+
+
+def settings_section(cls: type, value: Any, name: str) -> Any:
+    """``value`` as an instance of the settings class ``cls`` (the field ``name``): an instance as it
+    is, a dict as ``cls(**value)`` after a check of its keys; anything else is refused, naming ``cls``."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"{name} must be a {cls.__name__} or a dict of its settings, got {type(value).__name__} {value!r}"
+        )
+    known = [f.name for f in fields(cls) if f.init]
+    unknown = sorted(str(k) for k in value if k not in known)
+    if unknown:
+        raise ValueError(
+            f"{name}: {cls.__name__} has no setting(s) {', '.join(unknown)}; "
+            f"its settings are {', '.join(known)}"
+        )
+    return cls(**value)
