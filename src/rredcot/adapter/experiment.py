@@ -72,6 +72,7 @@ def grpo_args(
         vllm = {"use_vllm": True, "vllm_mode": gpu["vllm_mode"]}
         if gpu["vllm_mode"] == "colocate":
             vllm["vllm_gpu_memory_utilization"] = gpu["vllm_gpu_memory_utilization"]
+            vllm["vllm_max_model_length"] = gpu["vllm_max_model_length"]
         else:  # the server `rredcot launch` started; it exports where it listens
             server = cfg["distributed"]["vllm_server"]
             vllm |= {

@@ -388,6 +388,10 @@ class RlGpu:
     the policy's weights to a server over NCCL, so server mode needs CUDA (docs/vllm.md)."""
     vllm_gpu_memory_utilization: float = field(default=0.3, metadata=within(0, 1, exclusive_minimum=True))
     """Share of GPU memory vLLM may take in colocate mode."""
+    vllm_max_model_length: int | None = field(default=None, metadata=at_least(1))
+    """Prompt plus completion tokens a colocated engine allocates for (TRL's vllm_max_model_length;
+    null: the model's own context). A pretrained model's context (SmolLM2: 8,192) can exceed what
+    TRL's engine batches at once (4,096 tokens), which vLLM refuses: set it to what training needs."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (long completions; CUDA only)."""
 

@@ -2,10 +2,11 @@
 :func:`check_model_source` and :func:`check_vllm` when it starts).
 
 A pretrained model from a GGUF file (``model.gguf``) needs its package and the ``gguf`` reader
-installed (:func:`check_model_source`). A config that generates with vLLM (``eval.backend``, ``studies.backend``, ``rl.gpu.use_vllm``) needs
-vLLM installed; where the jobs run here without CUDA, also a model whose attention heads vLLM's CPU
-backend supports, host memory for an engine's KV cache, and a colocated engine (TRL pushes weights to
-a server over NCCL, which needs CUDA). Each problem is named with its fix. The jobs check again when
+installed (:func:`check_model_source`). A config that generates with vLLM (``eval.backend``,
+``studies.backend``, ``rl.gpu.use_vllm``) needs vLLM installed; where the jobs run here without
+CUDA, also a model whose attention heads vLLM's CPU backend supports, host memory for an engine's KV
+cache, and a colocated engine (TRL pushes weights to a server over NCCL, which needs CUDA).
+Each problem is named with its fix. The jobs check again when
 they start an engine (:func:`rredcot.lm.vllm_engine.prepare_engine`), since a cluster job may run
 on another machine than the one that submits it.
 """

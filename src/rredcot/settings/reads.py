@@ -141,8 +141,8 @@ READS: dict[str, StageReads] = {
         ("arms", "credit", "prompt", "model.dtype", "studies.max_new_tokens", "studies.fidelity")
         # PRIME's groups, the batches of its PRM, and the policy's pace, which its PRM's follows.
         + ("rl.num_generations", "rl.prompts_per_step", "rl.learning_rate")
-        + _STUDY_SAMPLING,
-        (*_LOGGING, "threads.eval"),
+        + (*_STUDY_SAMPLING, "studies.backend", "eval.vllm"),
+        (*_LOGGING, "threads.eval", "vllm_cpu"),
     ),
     "study_localisation": StageReads((), _LOGGING),
 }

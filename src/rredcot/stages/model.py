@@ -37,7 +37,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         done = convert_gguf(path, args.out, source["sha256"])
         for name, (before, after) in done.tokens_set.items():
             _log.info("tokenizer %s: %r -> %r (the id the GGUF file records)", name, before, after)
-        quantized = [f"{n} {kind}" for kind, n in done.tensor_types.items() if kind not in ("F32", "F16", "BF16")]
+        quantized = [
+            f"{n} {kind}" for kind, n in done.tensor_types.items() if kind not in ("F32", "F16", "BF16")
+        ]
         kept = [f"{n} {kind}" for kind, n in done.tensor_types.items() if kind in ("F32", "F16", "BF16")]
         _log.info(
             "%s: %s, %d parameters, %s tensors dequantized to float32, %s kept -> %s (%.0f MB) in %.0f s",

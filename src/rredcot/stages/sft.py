@@ -85,7 +85,9 @@ class FullLogitsSFTTrainer(SFTTrainer):
     normalises it) from one log-softmax over the whole logits."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001
-        model_inputs = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "position_ids")}
+        model_inputs = {
+            k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "position_ids")
+        }
         outputs = model(**model_inputs)
         targets = inputs["labels"][:, 1:]
         logits = outputs.logits[:, :-1].float()
@@ -94,12 +96,16 @@ class FullLogitsSFTTrainer(SFTTrainer):
         )
         mask = targets != -100
         tokens = mask.sum()
-        loss = nll / torch.as_tensor(tokens if num_items_in_batch is None else num_items_in_batch).clamp(min=1)
+        loss = nll / torch.as_tensor(tokens if num_items_in_batch is None else num_items_in_batch).clamp(
+            min=1
+        )
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes
         with torch.no_grad():
             correct = (logits.argmax(dim=-1) == targets) & mask
-            counts = self.accelerator.gather_for_metrics(torch.stack([tokens, correct.sum()]).view(1, 2)).sum(0)
+            counts = self.accelerator.gather_for_metrics(torch.stack([tokens, correct.sum()]).view(1, 2)).sum(
+                0
+            )
         mode = "train" if model.training else "eval"
         self._metrics[mode]["mean_token_accuracy"].append(float(counts[1] / counts[0].clamp(min=1)))
         return (loss, outputs) if return_outputs else loss

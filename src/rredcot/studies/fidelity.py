@@ -83,7 +83,7 @@ from rredcot.infra.io import read_jsonl, write_json
 from rredcot.infra.logs import setup_logging
 from rredcot.infra.stats import Interval
 from rredcot.lm.evaluation import load_benchmarks
-from rredcot.lm.generation import HFGenerator, device_name
+from rredcot.lm.generation import HFGenerator, VLLMGenerator, VLLMOptions, device_name, load_vllm
 from rredcot.lm.modeling import load_model, load_tokenizer, set_threads
 from rredcot.lm.rollouts import PolicyRollouts
 from rredcot.method import segmentation as S
@@ -411,9 +411,11 @@ def run_point(
     batch: int,
     rollout_args: Mapping[str, Any],
     progress: Any = None,
+    engine: Any = None,
 ) -> tuple[list[TraceCredit], dict[str, float]]:
     """A point's credit for every trace, and its cost: wall seconds of its ``assign`` calls (and of
-    each pass), and the rollouts and tokens it generated."""
+    each pass), and the rollouts and tokens it generated. ``engine``: a vLLM engine on the same
+    model (``studies.backend: vllm``), which then samples the rollouts instead of transformers."""
     assigner = CreditAssigner(tokenizer, point.config)
     needs = point.config.kind.needs
     credits: list[TraceCredit] = []
@@ -434,6 +436,7 @@ def run_point(
                 temperature=rollout_args["temperature"],
                 top_p=rollout_args["top_p"],
                 seed=(rollout_args["seed"], point.method, settings.samples, start),
+                engine=engine,
             )
         t0 = time.perf_counter()
         with torch.inference_mode():
@@ -458,16 +461,20 @@ def prime_groups(
     rows: Sequence[Mapping[str, Any]],
     seed: int,
     batch: int,
+    engine: Any = None,
 ) -> list[list[TraceInput]]:
     """Every trace in a group of ``rl.num_generations`` completions of its prompt (the rest sampled
-    with the study's settings, graded like the trace): the groups PRIME's baselines read."""
+    with the study's settings, graded like the trace, by ``engine`` when there is one): the groups
+    PRIME's baselines read."""
     studies = cfg["studies"]
     sampling = {k: studies[k] for k in ("temperature", "top_p", "max_new_tokens")}
     return companions(
         items,
         [str(t["trace_id"]) for t in traces],
         lambda j, text: row_reward(rows[j], text),
-        HFGenerator(model, tokenizer, batch_size=max(batch, 1) * 4),
+        VLLMGenerator(None, tokenizer, llm=engine)
+        if engine is not None
+        else HFGenerator(model, tokenizer, batch_size=max(batch, 1) * 4),
         int(cfg["rl"]["num_generations"]),
         seed,
         sampling,
@@ -591,6 +598,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             load_tokenizer(args.model),
             load_model(args.model, cfg["model"]["dtype"]).eval().to(device),
         )
+        engine = None
+        if studies["backend"] == "vllm":  # the rollouts of Monte Carlo credit, SPO-chain and PRIME's groups
+            options = VLLMOptions.from_config(cfg["eval"]["vllm"], cfg["vllm_cpu"], cfg["model"]["dtype"])
+            engine = load_vllm(args.model, options, "study-fidelity rollouts", enable_prefix_caching=True)
         judge_points = [p for p in points if p.key == JUDGE]
         assigner = CreditAssigner(tok, judge_points[0].config)
         items = trace_inputs(traces, rows, assigner, tok)
@@ -607,7 +618,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for point in order:
                 bar.set_postfix_str(point.key)
                 if "process_log_probs" in point.config.kind.needs:
-                    groups = groups or prime_groups(cfg, model, tok, items, traces, rows, seed, 16)
+                    groups = groups or prime_groups(cfg, model, tok, items, traces, rows, seed, 16, engine)
                     credits[point.key], costs[point.key] = online_prime(
                         point.config,
                         model,
@@ -621,7 +632,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     )
                 else:
                     credits[point.key], costs[point.key] = run_point(
-                        point, model, tok, items, rows, args.batch_size, rollout_args, bar
+                        point, model, tok, items, rows, args.batch_size, rollout_args, bar, engine
                     )
                 _log.info(f"{point.key}: {costs[point.key]['seconds']:.2f}s for {len(items)} traces")
         records = trace_records(traces, items, texts, credits[JUDGE], ends)

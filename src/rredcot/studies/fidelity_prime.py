@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from rredcot.adapter.prime import ImplicitPrm, causal_log_probs
-from rredcot.lm.generation import HFGenerator, sample_seed
+from rredcot.lm.generation import Generator, sample_seed
 from rredcot.method.assign import CreditAssigner, TraceCredit
 from rredcot.method.registry import TraceInput
 from rredcot.method.settings import CreditConfig, prm_learning_rate
@@ -42,7 +42,7 @@ def companions(
     items: Sequence[TraceInput],
     trace_ids: Sequence[str],
     reward: Callable[[int, str], float],
-    sampler: HFGenerator,
+    sampler: Generator,
     group: int,
     seed: int,
     sampling: Mapping[str, Any],
