@@ -190,7 +190,10 @@ _REJECTED = {
     "no RL rows": ({"data": {"synthetic": {"n_rl": 0}}}, r"data\.synthetic\.n_rl: RL needs at least 1 row"),
     "no test rows": ({"data": {"synthetic": {"n_test": 0}}}, r"data\.synthetic\.n_test: evaluation needs"),
     "no SFT rows": ({"data": {"synthetic": {"n_sft": 0}}}, r"data\.synthetic\.n_sft: SFT needs at least 1"),
-    "no rows kept": ({"data": {"max_rows": {"train": 0}}}, r"data: max_rows\.train: keep at least 1 row"),
+    "no rows kept": (
+        {"data": {"max_rows": {"train": 0}}},
+        r"data\.max_rows\.train: must be at least 1, got 0$",
+    ),
     "rows of an unknown dataset": (
         {"data": {"max_rows": {"tran": 10}}},
         r"data: max_rows\.tran: no such dataset",
@@ -206,7 +209,79 @@ _REJECTED = {
         r"clean\.near_duplicate_threshold: must be at most 1",
     ),
     "no resolve samples": ({"clean": {"resolve_samples": 0}}, r"clean\.resolve_samples: must be at least 1"),
+    "a negative seed": ({"seeds": [0, -1]}, r"seeds\[1\]: must be at least 0, got -1"),
+    "a Monte Carlo budget of no rollouts": (
+        {"studies": {"fidelity": {"mc_samples": [0, 2]}}},
+        r"studies\.fidelity\.mc_samples\[0\]: must be at least 1, got 0",
+    ),
+    "one table2 arm": (
+        {"report": {"table2_arms": ["grpo"]}},
+        r"report\.table2_arms: must hold at least 2 item",
+    ),
+    "three table2 arms": (
+        {"report": {"table2_arms": ["grpo", "rredcot", "mc"]}},
+        r"report\.table2_arms: must hold at most 2 item",
+    ),
 }
+
+# Values of the wrong type, and the key and words each rejection gives.
+_MISTYPED = {
+    "text for an integer": ({"rl": {"max_steps": "ten"}}, "rl.max_steps: expected an integer, got 'ten'"),
+    "a float for an integer": ({"rl": {"max_steps": 10.0}}, "rl.max_steps: expected an integer, got 10.0"),
+    "true for an integer": ({"rl": {"max_steps": True}}, "rl.max_steps: expected an integer, got True"),
+    "an integer for a flag": ({"sft": {"enabled": 1}}, "sft.enabled: expected true or false, got 1"),
+    "a list item": ({"seeds": [1, "two"]}, "seeds[1]: expected an integer, got 'two'"),
+    "an item of a list or null": ({"run_arms": ["grpo", 3]}, "run_arms[1]: expected a string, got 3"),
+    "a choice": (
+        {"prompt": {"style": "fancy"}},
+        "prompt.style: expected one of 'template', 'chat', got 'fancy'",
+    ),
+    "a section": ({"rl": 3}, "rl: expected a mapping, got 3"),
+    "a key of a mapping": ({"arms": {1: {"credit": "uniform"}}}, "arms: expected a string, got 1"),
+    "a value of a mapping": (
+        {"data": {"max_rows": {"train": "x"}}},
+        "data.max_rows.train: expected an integer",
+    ),
+    "an unknown key": ({"rl": {"zz": 1, "aa": 2}}, "rl.aa: unknown key (known: max_steps, "),
+    "a required key": ({"arms": {"new": {"label": "x"}}}, "arms.new.credit: required"),
+    "an arm's credit option": (
+        {"arms": {"rredcot": {"credit_options": {"mix": "x"}}}},
+        "\n  arms.rredcot.credit_options.mix: expected a number, got 'x'",
+    ),
+}
+
+
+@pytest.mark.parametrize("override, message", _MISTYPED.values(), ids=_MISTYPED.keys())
+def test_a_value_of_the_wrong_type_is_rejected_by_name(override, message) -> None:
+    from rredcot.settings.config import ConfigError, validate
+
+    with pytest.raises(ConfigError) as exc:
+        validate(override)
+    assert message in str(exc.value)
+
+
+def test_an_empty_section_takes_its_defaults() -> None:
+    from rredcot.settings.config import defaults, validate
+
+    # `rl:` with nothing under it is YAML's null.
+    assert validate({"rl": None}) == defaults()
+
+
+def test_the_schema_file_takes_every_shipped_config() -> None:
+    """The committed schema itself, read by jsonschema alone, takes every shipped config and refuses
+    a bad value: the file is the schema configs are validated against, not a by-product."""
+    import jsonschema
+    import yaml
+
+    from rredcot.settings.config import deep_merge
+
+    schema = yaml.safe_load((ROOT / "src" / "rredcot" / "schemas" / "config.schema.yaml").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    validator.check_schema(schema)
+    for overlay in [ROOT / "config" / "config.yaml", *OVERLAYS]:
+        validator.validate(load_config([str(ROOT / "config" / "config.yaml"), str(overlay)]))
+    bad = deep_merge(load_config(ROOT / "config" / "config.yaml"), {"rl": {"max_steps": "ten"}})
+    assert [list(e.absolute_path) for e in validator.iter_errors(bad)] == [["rl", "max_steps"]]
 
 
 @pytest.mark.parametrize("override, message", _REJECTED.values(), ids=_REJECTED.keys())

@@ -13,6 +13,7 @@ from scipy import stats
 from tiny_models import tiny_qwen
 from transformers import Qwen2ForCausalLM
 
+from rredcot.infra.stats import MIN_CLUSTERS
 from rredcot.lm.modeling import train_tokenizer
 from rredcot.method.scoring.types import ExitStrings
 from rredcot.studies.attribution import (
@@ -25,7 +26,6 @@ from rredcot.studies.attribution import (
     segment_rows,
 )
 from rredcot.studies.figures_attr import (
-    MIN_CLUSTERS,
     STEM,
     VALUE_METHODS,
     VALUE_STEM,

@@ -10,9 +10,10 @@ each one), so that delivery resumes where it stopped: in the job, in a rerun of 
 continues the same journal) or in ``rredcot tracking sync``.
 
 While a job runs it holds an ``fcntl`` lock on its journal, released by the kernel whatever way the
-process ends; ``sync`` skips a journal that is held. A record cut short by a kill is the journal's
-last line without its newline: readers ignore it (with a warning) and a rerun cuts it off before it
-appends.
+process ends (the lock of the journal's own append handle: filelock would lock a separate file it
+truncates, one more file per journal for nothing); ``sync`` skips a journal that is held. A record
+cut short by a kill is the journal's last line without its newline: readers ignore it (with a
+warning) and a rerun cuts it off before it appends.
 
 The module knows nothing of MLflow: records are plain JSON objects with an ``op`` key.
 """

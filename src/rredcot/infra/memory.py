@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 
 def _rss() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    import psutil  # here, not above: the GPU check imports this module where psutil may be missing
+
+    return psutil.Process().memory_info().rss
 
 
 class PeakRSS:
-    """The largest RSS while the block runs (a sampling thread; torch's CPU memory is plain malloc)."""
+    """The largest RSS while the block runs (a sampling thread; torch's CPU memory is plain malloc).
+    Sampled, since the kernel's own peak (``ru_maxrss``, psutil's too) is the process's whole life and
+    cannot be reset for one block."""
 
     def __enter__(self) -> PeakRSS:
         self.start = _rss()

@@ -8,8 +8,15 @@ Arms are paired by seed (same start model, same prompt order) and evaluated on t
 a difference is taken seed by seed and problem by problem. Intervals come from a two-level
 percentile bootstrap: seeds are drawn with replacement, then problems, with the same draws for both
 arms, so the interval holds both the seed-to-seed spread of training and the sampling of the test
-problems. Written here with numpy because the few lines of a paired, two-level resampling are
-clearer than fitting them to scipy.stats.bootstrap's one-level interface.
+problems.
+
+The project's one bootstrap: these intervals, and the studies' intervals over problems
+(:class:`ClusterBootstrap`: whole problems drawn with replacement, every method read on the same
+draws). Ours, not scipy.stats.bootstrap: it resamples one level of observations for one statistic
+at a time and reads linear-interpolated percentiles, while these draw two levels from one fixed
+generator, share the draws across arms and methods for paired differences, and read order
+statistics (a draw may be inf: a curve that never reaches its target); the recorded results depend
+on exactly these draws. The draws themselves are scipy's (``resample``: one ``integers`` call).
 
 Closed-form intervals (a rank correlation's by Fisher z, a fraction's by Wilson, ``|ρ|``'s from
 ``ρ``'s) and the verdicts that judge an interval against a line: by size, above a target, or as
@@ -35,6 +42,52 @@ class Interval:
 
     def excludes_zero(self) -> bool:
         return self.low > 0.0 or self.high < 0.0
+
+
+MIN_CLUSTERS = 5
+"""Fewer problems than this give no interval over problems: a bootstrap over so few says nothing."""
+
+
+def resample(rng: np.random.Generator, n: int, n_boot: int) -> np.ndarray:
+    """``n_boot`` bootstrap draws of ``n`` units: a [n_boot, n] array of indices drawn with
+    replacement, in one call on ``rng`` (the call scipy.stats.bootstrap makes)."""
+    return rng.integers(0, n, size=(n_boot, n))
+
+
+class ClusterBootstrap:
+    """Draws of whole clusters (problems) with replacement, the same for every statistic read on them.
+
+    ``clusters`` gives each observation's cluster (e.g. a trace's problem); clusters are numbered in
+    the sorted order of their names (``str``), and ``n_boot`` draws of as many clusters are made from
+    ``np.random.default_rng(seed)``. A statistic is read on a draw's observations
+    (:meth:`rows`) or as a weighted sum with each observation counted as often as its cluster was
+    drawn (:attr:`weights`)."""
+
+    def __init__(self, clusters: Sequence[object], n_boot: int, seed: int) -> None:
+        names, codes = np.unique(np.asarray(clusters, dtype=object).astype(str), return_inverse=True)
+        self.names: list[str] = [str(n) for n in names]
+        self.codes = codes.reshape(-1)
+        """Each observation's cluster number."""
+        self.draws = resample(np.random.default_rng(seed), len(names), n_boot)
+        """[n_boot, clusters]: the clusters of each draw."""
+        self.counts = np.stack([np.bincount(d, minlength=len(names)) for d in self.draws])
+        """[n_boot, clusters]: how often each draw holds each cluster."""
+        self.enough = len(names) >= MIN_CLUSTERS
+        """Whether there are clusters enough for an interval."""
+
+    @property
+    def weights(self) -> np.ndarray:
+        """[n_boot, observations]: how often each draw counts each observation (float)."""
+        return self.counts[:, self.codes].astype(float)
+
+    def rows(self, codes: np.ndarray | None = None) -> list[np.ndarray]:
+        """Per draw, the indices of the items of its clusters, cluster after cluster in the draw's order,
+        each cluster's items in their order. ``codes``: the cluster number of each item (default: the
+        observations themselves; e.g. the trace's number repeated for each of its segments)."""
+        codes = self.codes if codes is None else np.asarray(codes)
+        order = np.argsort(codes, kind="stable")
+        members = np.split(order, np.cumsum(np.bincount(codes, minlength=len(self.names)))[:-1])
+        return [np.concatenate([members[c] for c in d]) for d in self.draws]
 
 
 def _percentiles(draws: np.ndarray, level: float) -> tuple[float, float]:
@@ -66,8 +119,8 @@ def paired_difference(
     diff = a - r
     rng = np.random.default_rng(seed)
     n_seeds, n_problems = diff.shape
-    seeds = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
-    problems = rng.integers(0, n_problems, size=(n_boot, n_problems))
+    seeds = resample(rng, n_seeds, n_boot)
+    problems = resample(rng, n_problems, n_boot)
     draws = diff[seeds[:, :, None], problems[:, None, :]].mean(axis=(1, 2))
     return Interval(float(diff.mean()), *_percentiles(draws, level))
 
@@ -111,7 +164,8 @@ def steps_to_reach_reference(
 
     rng = np.random.default_rng(seed)
     every = np.arange(a.shape[0])
-    draws = np.array([reach(rng.integers(0, a.shape[0], size=a.shape[0])) for _ in range(n_boot)])
+    # One draw per call, as the recorded intervals were drawn (one [n_boot, n] call draws others).
+    draws = np.array([reach(resample(rng, a.shape[0], 1)[0]) for _ in range(n_boot)])
     return Interval(reach(every), *_percentiles(draws, level))
 
 
@@ -139,7 +193,7 @@ def paired_area(
     # Per seed: trapezoids between consecutive probes, over the span of the run.
     per_seed = ((diff[:, 1:] + diff[:, :-1]) / 2.0 * np.diff(x)).sum(axis=1) / (x[-1] - x[0])
     rng = np.random.default_rng(seed)
-    draws = per_seed[rng.integers(0, len(per_seed), size=(n_boot, len(per_seed)))].mean(axis=1)
+    draws = per_seed[resample(rng, len(per_seed), n_boot)].mean(axis=1)
     return Interval(float(per_seed.mean()), *_percentiles(draws, level))
 
 
@@ -270,7 +324,7 @@ def equal_compute_difference(
         ]
     )
     rng = np.random.default_rng(seed)
-    draws = per_seed[rng.integers(0, len(per_seed), size=(n_boot, len(per_seed)))].mean(axis=1)
+    draws = per_seed[resample(rng, len(per_seed), n_boot)].mean(axis=1)
     return Interval(float(per_seed.mean()), *_percentiles(draws, level))
 
 
@@ -302,7 +356,7 @@ def reach_share(
 
     rng = np.random.default_rng(seed)
     n = xa.shape[0]
-    draws = np.array([share(rng.integers(0, n, size=n)) for _ in range(n_boot)])
+    draws = np.array([share(resample(rng, n, 1)[0]) for _ in range(n_boot)])  # one draw per call
     return Interval(share(np.arange(n)), *_percentiles(draws, level))
 
 

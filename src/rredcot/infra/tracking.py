@@ -13,7 +13,7 @@ it through :func:`stage_run`, which takes the store, the experiment and the time
 Concurrency: sqlite answers "database is locked" when processes write at the same time, and can
 fail outright when two processes create (migrate) a fresh database together. So each store call
 goes through :func:`retry` (backoff, bounded time), and the one-off setup (store creation,
-experiment and parent run lookup/creation) runs under an ``fcntl`` lock file next to the database.
+experiment and parent run lookup/creation) runs under a lock file next to the database (filelock).
 For other stores (a tracking server) the parent run is claimed through a server-side atomic step:
 experiment names are unique, so exactly one process manages to create a marker experiment
 ``.rredcot-claim/<experiment id>/<invocation>``; it creates the parent run and deletes the marker
@@ -43,7 +43,6 @@ A sqlite URL option ``?timeout=60`` is accepted by MLflow 3.17, but it does not 
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
 import os
@@ -59,6 +58,8 @@ from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import sqlalchemy.exc
+import tenacity
+from filelock import FileLock
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
@@ -101,18 +102,6 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(unquote(uri.removeprefix("sqlite:///").split("?", 1)[0])).resolve()
 
 
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``fcntl`` lock on ``path`` (created if needed); released even if we crash."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _is_transient(exc: BaseException) -> bool:
     """Errors worth retrying: lock contention and other operational (connection, I/O) database errors,
     which MLflow's SQL store reports as TEMPORARILY_UNAVAILABLE, as a server does when overloaded."""
@@ -124,19 +113,19 @@ def _is_transient(exc: BaseException) -> bool:
 
 
 def retry(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Call ``fn``, retrying transient store errors with jittered exponential backoff for up to 60 s."""
-    deadline = time.monotonic() + RETRY_SECONDS
-    delay = 0.05
-    while True:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:
-            if not _is_transient(exc) or time.monotonic() + delay > deadline:
-                raise
-            _log.debug("transient tracking error, retrying in %.2fs: %s", delay, exc)
-        # Jitter so that writers which collided once don't collide again in lockstep.
-        time.sleep(delay * random.uniform(0.5, 1.5))
-        delay = min(delay * 2, 2.0)
+    """Call ``fn``, retrying transient store errors with jittered exponential backoff (50 ms doubling
+    to at most 2 s) for up to 60 s; the last error is raised as it was."""
+    # Jitter, so that writers which collided once don't collide again in lockstep.
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(_is_transient),
+        wait=tenacity.wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.05),
+        stop=tenacity.stop_after_delay(RETRY_SECONDS),
+        before_sleep=lambda state: _log.debug(
+            "transient tracking error, retrying: %s", state.outcome.exception() if state.outcome else None
+        ),
+        reraise=True,
+    )
+    return retrying(fn, *args, **kwargs)
 
 
 class _DropLockNoise(logging.Filter):
@@ -392,7 +381,7 @@ def _client(uri: str) -> MlflowClient:
     """One client per store and process (creating one for a fresh sqlite file migrates it)."""
     if uri not in _clients:
         db = sqlite_path(uri)
-        with _file_lock(db.with_name(db.name + ".lock")) if db else nullcontext():
+        with FileLock(db.with_name(db.name + ".lock")) if db else nullcontext():
             _clients[uri] = retry(MlflowClient, uri)
     return _clients[uri]
 
@@ -410,7 +399,7 @@ def _start(journal: Journal, record: dict[str, Any], state: dict[str, Any]) -> N
     # Runs get the times the job logged, however late they are delivered; the invocation's parent
     # starts just before the job that creates it.
     began = record["time"] - 1
-    with _file_lock(db.with_name(db.name + ".lock")) if db else nullcontext():
+    with FileLock(db.with_name(db.name + ".lock")) if db else nullcontext():
         exp_id = _experiment_id(client, record["experiment"], record["artifacts"])
         if db:  # the lock makes search-then-create atomic among the processes of this machine
             parent_id = _find_parent(client, exp_id, invocation) or _create_parent(

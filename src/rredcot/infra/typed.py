@@ -4,15 +4,21 @@ A settings class is a plain dataclass whose fields carry their defaults and, in 
 below each field (the style of the method's own configs), their meaning. This module turns such a
 class tree into what the rest of the project needs, so none of it is written twice:
 
-- :func:`build`: a nested dict (merged YAML) into validated instances, naming the bad key
-  (``rl.max_steps: expected an integer, got 'ten'``); unknown keys are errors;
+- :func:`json_schema`: the JSON schema (types, enums, bounds, defaults, descriptions);
+- :func:`build`: a nested dict (merged YAML) into instances, after validating it against that schema
+  with ``jsonschema``; the first error names the bad key (``rl.max_steps: expected an integer, got
+  'ten'``), and unknown keys are errors;
 - :func:`to_dict`: instances back into plain dicts (lists, not tuples), what the stages read;
-- :func:`json_schema`: the JSON schema (types, enums, defaults, descriptions, bounds);
 - :func:`field_docs`: the attribute docstrings, for generated documentation.
 
-Bounds that a type cannot say go in the field's metadata (``field(default=4, metadata=at_least(1))``,
-:func:`within`, :func:`not_blank`, :func:`not_empty`) and are checked here and written into the
-schema; cross-field rules stay in ``__post_init__``.
+Bounds that a type cannot say go in the field's metadata as JSON-schema keywords
+(``field(default=4, metadata=at_least(1))``, :func:`within`, :func:`not_blank`, :func:`not_empty`,
+:func:`each`, :func:`each_value`): they are written into the schema and so checked by it. Rules
+across fields stay in ``__post_init__``, which :func:`build` runs once the schema holds.
+
+Written here rather than with pydantic: the method's own settings classes (``CreditSettings`` and
+its parts) are plain dataclasses that the library ships without any validation package, and the
+same classes are the sections of the pipeline's config.
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import re
 import textwrap
 import types
 import typing
@@ -28,9 +33,13 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any, Literal, get_args, get_origin
 
+import jsonschema
+
 _NOT_BLANK = r"\S"
-# The metadata keys that are JSON-schema keywords, written into the schema as they are.
-_SCHEMA_KEYS = ("minimum", "exclusiveMinimum", "maximum", "pattern", "minItems", "uniqueItems")
+# The metadata keys that are JSON-schema keywords, written into the schema as they are, and those
+# that hold keywords of the items of a list or the values of a mapping, merged into that sub-schema.
+_SCHEMA_KEYS = ("minimum", "exclusiveMinimum", "maximum", "pattern", "minItems", "maxItems", "uniqueItems")
+_NESTED_KEYS = ("items", "additionalProperties")
 
 
 class SettingsError(ValueError):
@@ -59,6 +68,16 @@ def not_blank() -> dict[str, Any]:
 def not_empty(unique: bool = False) -> dict[str, Any]:
     """Field metadata: a list with at least one item (and, if ``unique``, no item twice)."""
     return {"minItems": 1, **({"uniqueItems": True} if unique else {})}
+
+
+def each(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Field metadata: ``metadata`` (e.g. ``at_least(1)``) holds for every item of a list."""
+    return {"items": dict(metadata)}
+
+
+def each_value(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Field metadata: ``metadata`` holds for every value of a mapping."""
+    return {"additionalProperties": dict(metadata)}
 
 
 @cache
@@ -99,134 +118,6 @@ def _default(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def _type_name(tp: Any) -> str:
-    origin = get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(tp))
-    if tp in (int, float, str, bool):
-        return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[tp]
-    if dataclasses.is_dataclass(tp):
-        return "a mapping"
-    if origin in (list, tuple):
-        return "a list"
-    if origin is dict:
-        return "a mapping"
-    return str(tp)
-
-
-def _convert(tp: Any, value: Any, path: str) -> Any:
-    """``value`` checked against type ``tp`` (nested dataclasses built); raises SettingsError."""
-    origin = get_origin(tp)
-    if tp is Any:
-        return value
-    if origin in (types.UnionType, typing.Union):
-        options = get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        for option in (o for o in options if o is not type(None)):
-            try:
-                return _convert(option, value, path)
-            except SettingsError:
-                continue
-        names = " or ".join(_type_name(o) for o in options if o is not type(None))
-        nullable = " or null" if type(None) in options else ""
-        raise SettingsError(path, f"expected {names}{nullable}, got {value!r}")
-    if origin is Literal:
-        if value not in get_args(tp):
-            raise SettingsError(path, f"expected {_type_name(tp)}, got {value!r}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        return build(tp, value, path)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise SettingsError(path, f"expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SettingsError(path, f"expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            hint = ""
-            if isinstance(value, str) and _is_number(value):
-                # YAML 1.1 (PyYAML) reads 3e-4 as text: its floats need a dot before the exponent.
-                hint = f" (YAML reads {value} as text: write it with a dot, e.g. {float(value)!r})"
-            raise SettingsError(path, f"expected a number, got {value!r}{hint}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise SettingsError(path, f"expected a string, got {value!r}")
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise SettingsError(path, f"expected a list, got {value!r}")
-        (item,) = get_args(tp)[:1]
-        items = [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise SettingsError(path, f"expected a mapping, got {value!r}")
-        key_tp, value_tp = get_args(tp)
-        return {_convert(key_tp, k, path): _convert(value_tp, v, f"{path}.{k}") for k, v in value.items()}
-    raise TypeError(f"{path}: unsupported settings type {tp!r}")
-
-
-def _check_meta(value: Any, meta: Mapping[str, Any], path: str) -> None:
-    """What a field's metadata sets: choices (``enum``), a pattern a string must match (``not_blank``),
-    a least length and distinct items of a list (``not_empty``), numeric bounds."""
-    if "enum" in meta and value is not None and value not in meta["enum"]:
-        raise SettingsError(path, f"expected one of {', '.join(map(repr, meta['enum']))}, got {value!r}")
-    if "pattern" in meta and isinstance(value, str) and not re.search(meta["pattern"], value):
-        if meta["pattern"] == _NOT_BLANK:
-            raise SettingsError(path, f"must not be empty or only whitespace, got {value!r}")
-        raise SettingsError(path, f"must match {meta['pattern']!r}, got {value!r}")
-    if isinstance(value, list | tuple):
-        if len(value) < meta.get("minItems", 0):
-            raise SettingsError(path, f"must hold at least {meta['minItems']} item(s), got {list(value)!r}")
-        if meta.get("uniqueItems") and len(set(map(repr, value))) < len(value):
-            raise SettingsError(path, f"must not hold an item twice, got {list(value)!r}")
-    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
-        return
-    if "minimum" in meta and value < meta["minimum"]:
-        raise SettingsError(path, f"must be at least {meta['minimum']}, got {value}")
-    if "exclusiveMinimum" in meta and value <= meta["exclusiveMinimum"]:
-        raise SettingsError(path, f"must be greater than {meta['exclusiveMinimum']}, got {value}")
-    if "maximum" in meta and value > meta["maximum"]:
-        raise SettingsError(path, f"must be at most {meta['maximum']}, got {value}")
-
-
-def build(cls: type, data: Any, path: str = "") -> Any:
-    """An instance of dataclass ``cls`` from a mapping (absent keys take their defaults)."""
-    if isinstance(data, cls):
-        return data
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise SettingsError(path, f"expected a mapping, got {data!r}")
-    known = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        where = f"{path}." if path else ""
-        raise SettingsError(f"{where}{unknown[0]}", f"unknown key (known: {', '.join(known)})")
-    hints = _hints(cls)
-    values = {}
-    for name, f in known.items():
-        key = f"{path}.{name}" if path else name
-        if name not in data:
-            if _default(f) is dataclasses.MISSING:
-                raise SettingsError(key, "required")
-            continue
-        value = _convert(hints[name], data[name], key)
-        _check_meta(value, f.metadata, key)
-        values[name] = value
-    try:
-        return cls(**values)
-    except SettingsError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise SettingsError(path, str(exc)) from None
-
-
 def to_dict(obj: Any) -> Any:
     """Plain nested dicts and lists of a settings instance (tuples become lists, for YAML)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -238,13 +129,13 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+# ---------------------------------------------------------------------------------------- schema
 def _schema_of(tp: Any) -> dict[str, Any]:
     origin = get_origin(tp)
     if tp is Any:
         return {}
     if origin in (types.UnionType, typing.Union):
-        options = [o for o in get_args(tp)]
-        return {"anyOf": [{"type": "null"} if o is type(None) else _schema_of(o) for o in options]}
+        return {"anyOf": [{"type": "null"} if o is type(None) else _schema_of(o) for o in get_args(tp)]}
     if origin is Literal:
         return {"enum": list(get_args(tp))}
     if dataclasses.is_dataclass(tp):
@@ -255,7 +146,8 @@ def _schema_of(tp: Any) -> dict[str, Any]:
     if origin in (list, tuple):
         return {"type": "array", "items": _schema_of(get_args(tp)[0])}
     if origin is dict:
-        return {"type": "object", "additionalProperties": _schema_of(get_args(tp)[1])}
+        key, value = get_args(tp)
+        return {"type": "object", "propertyNames": _schema_of(key), "additionalProperties": _schema_of(value)}
     raise TypeError(f"unsupported settings type {tp!r}")
 
 
@@ -269,6 +161,9 @@ def json_schema(cls: type) -> dict[str, Any]:
             continue
         node = _schema_of(hints[f.name])
         node.update({k: v for k, v in f.metadata.items() if k in _SCHEMA_KEYS})
+        for key in _NESTED_KEYS:
+            if key in f.metadata:
+                node[key] = {**node[key], **f.metadata[key]}
         if "enum" in f.metadata:
             node = {"enum": list(f.metadata["enum"])}
         default = _default(f)
@@ -285,6 +180,167 @@ def json_schema(cls: type) -> dict[str, Any]:
     if required:
         schema["required"] = required
     return schema
+
+
+# ------------------------------------------------------------------------------------ validation
+# JSON schema's integer takes 10.0; a setting typed int does not (YAML reads 10.0 as a float, and the
+# stages would get it as one).
+_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool)
+)
+Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_TYPES)
+"""The validator of the settings schemas: draft 2020-12 (the schema file's), integers strict."""
+
+
+@cache
+def _validator(cls: type) -> Any:
+    return Validator(json_schema(cls))
+
+
+@cache
+def _type_validator(tp: Any) -> Any:
+    return Validator(_schema_of(tp))
+
+
+def _expected(schema: Mapping[str, Any]) -> str:
+    """What a schema node takes, in words: ``an integer``, ``a string or null``, ``one of 'a', 'b'``."""
+    if "anyOf" in schema:
+        options = [o for o in schema["anyOf"] if o.get("type") != "null"]
+        nullable = len(options) < len(schema["anyOf"])
+        return " or ".join(_expected(o) for o in options) + (" or null" if nullable else "")
+    if "enum" in schema:
+        return "one of " + ", ".join(repr(v) for v in schema["enum"])
+    names = {
+        "integer": "an integer",
+        "number": "a number",
+        "string": "a string",
+        "boolean": "true or false",
+        "object": "a mapping",
+        "array": "a list",
+        "null": "null",
+    }
+    return names.get(schema.get("type"), "any value")
+
+
+def _takes_numbers(schema: Mapping[str, Any]) -> bool:
+    return schema.get("type") == "number" or any(_takes_numbers(o) for o in schema.get("anyOf", ()))
+
+
+def _yaml_hint(schema: Mapping[str, Any], value: Any) -> str:
+    if _takes_numbers(schema) and isinstance(value, str) and _is_number(value):
+        # YAML 1.1 (PyYAML) reads 3e-4 as text: its floats need a dot before the exponent.
+        return f" (YAML reads {value} as text: write it with a dot, e.g. {float(value)!r})"
+    return ""
+
+
+def _key(parts: Any) -> str:
+    """A key path in the config's spelling: ``rl.max_steps``, ``seeds[1]``."""
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path
+
+
+def _structured(option: Mapping[str, Any], value: Any) -> bool:
+    kind = option.get("type")
+    return kind in ("object", "array") and Validator({"type": kind}).is_valid(value)
+
+
+def _explain(error: jsonschema.ValidationError) -> tuple[list[Any], str]:
+    """The key path and message of a schema error, in the words of the settings."""
+    kind, rule, value, node = error.validator, error.validator_value, error.instance, error.schema
+    parts = list(error.absolute_path)
+    if kind == "additionalProperties":  # a settings class: unknown keys
+        known = list(node.get("properties", {}))
+        unknown = sorted((k for k in value if k not in known), key=str)
+        return [*parts, unknown[0]], f"unknown key (known: {', '.join(known)})"
+    if kind == "required":
+        return [*parts, next(k for k in rule if k not in value)], "required"
+    if kind == "anyOf":
+        # A mapping or a list where only one option takes one: what is wrong inside it.
+        fitting = [i for i, option in enumerate(rule) if _structured(option, value)]
+        inner = [e for e in error.context if len(fitting) == 1 and e.relative_schema_path[0] == fitting[0]]
+        if inner:
+            return _explain(inner[0])
+    if kind in ("type", "anyOf", "enum"):
+        return parts, f"expected {_expected(node)}, got {value!r}{_yaml_hint(node, value)}"
+    if kind == "pattern":
+        if rule == _NOT_BLANK:
+            return parts, f"must not be empty or only whitespace, got {value!r}"
+        return parts, f"must match {rule!r}, got {value!r}"
+    if kind in ("minItems", "maxItems"):
+        least = "least" if kind == "minItems" else "most"
+        return parts, f"must hold at {least} {rule} item(s), got {list(value)!r}"
+    if kind == "uniqueItems":
+        return parts, f"must not hold an item twice, got {list(value)!r}"
+    bounds = {"minimum": "at least", "exclusiveMinimum": "greater than", "maximum": "at most"}
+    if kind in bounds:
+        return parts, f"must be {bounds[kind]} {rule}, got {value}"
+    return parts, error.message
+
+
+def _sections(schema: Mapping[str, Any], data: Any) -> Any:
+    """``data`` with an empty settings section read as one at its defaults: a YAML key with nothing
+    under it (``rl:``) is null."""
+    if not isinstance(data, dict):
+        return data
+    props, values = schema.get("properties", {}), schema.get("additionalProperties")
+    out = {}
+    for key, value in data.items():
+        sub = props.get(key, values if isinstance(values, dict) else None)
+        if sub is not None and value is None and "properties" in sub:
+            value = {}
+        out[key] = value if sub is None else _sections(sub, value)
+    return out
+
+
+def check(cls: type, data: Any, path: str = "") -> dict[str, Any]:
+    """``data`` as plain dicts, validated against the schema of ``cls``; :class:`SettingsError` naming
+    the first key that does not fit (unknown keys first, then the fields in order, depth first)."""
+    validator = _validator(cls)
+    data = _sections(validator.schema, to_dict({} if data is None else data))
+    error = next(iter(validator.iter_errors(data)), None)
+    if error is not None:
+        parts, message = _explain(error)
+        raise SettingsError(_key([path, *parts] if path else parts), message)
+    return data
+
+
+def _construct(tp: Any, value: Any, path: str) -> Any:
+    """``value``, which the schema of ``tp`` takes, as ``tp``: nested classes built, ints of float
+    settings made floats, lists of tuple settings made tuples."""
+    origin = get_origin(tp)
+    if value is None or tp is Any:
+        return value
+    if origin in (types.UnionType, typing.Union):
+        option = next(o for o in get_args(tp) if o is not type(None) and _type_validator(o).is_valid(value))
+        return _construct(option, value, path)
+    if dataclasses.is_dataclass(tp):
+        hints = _hints(tp)
+        values = {k: _construct(hints[k], v, _key([path, k] if path else [k])) for k, v in value.items()}
+        try:
+            return tp(**values)
+        except SettingsError:
+            raise
+        except (TypeError, ValueError) as exc:  # a rule of __post_init__
+            raise SettingsError(path, str(exc)) from None
+    if tp is float:
+        return float(value)
+    if origin in (list, tuple):
+        items = [_construct(get_args(tp)[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        return {k: _construct(get_args(tp)[1], v, f"{path}.{k}") for k, v in value.items()}
+    return value
+
+
+def build(cls: type, data: Any, path: str = "") -> Any:
+    """An instance of dataclass ``cls`` from a mapping (absent keys take their defaults), validated
+    by :func:`check`; a rule of a class's ``__post_init__`` that fails is a :class:`SettingsError` at
+    that section's key."""
+    if isinstance(data, cls):
+        return data
+    return _construct(cls, check(cls, data, path), path)
 
 
 def _is_number(text: str) -> bool:

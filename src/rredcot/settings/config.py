@@ -29,6 +29,8 @@ from rredcot.infra.typed import (
     SettingsError,
     at_least,
     build,
+    each,
+    each_value,
     json_schema,
     not_blank,
     not_empty,
@@ -140,18 +142,16 @@ class Data:
     """Held-out problems for the learning-curve probe during training (kind datasets)."""
     benchmarks: dict[str, str | dict[str, Any]] = field(default_factory=dict)
     """Evaluation benchmarks (kind datasets), result name -> registry name or inline spec."""
-    max_rows: dict[str, int] = field(default_factory=dict)
+    max_rows: dict[str, int] = field(default_factory=dict, metadata=each_value(at_least(1)))
     """Keep only the first N rows of a fetched dataset (train, heldout or a benchmark)."""
     synthetic: TaskConfig = field(default_factory=TaskConfig)
     """The synthetic task (kind synthetic)."""
 
     def __post_init__(self) -> None:
         names = ("train", "heldout", *self.benchmarks)
-        for name, rows in self.max_rows.items():
+        for name in self.max_rows:
             if name not in names:
                 raise ValueError(f"max_rows.{name}: no such dataset (train, heldout or a benchmark)")
-            if rows < 1:
-                raise ValueError(f"max_rows.{name}: keep at least 1 row, got {rows}")
 
 
 @dataclass
@@ -556,13 +556,11 @@ class Fidelity:
     """Analysis traces scored: the first N of them (they are drawn in turn from every level, so the
     first N are spread over the levels too); null: all of them. Monte Carlo credit at every budget
     samples its rollouts for each."""
-    mc_samples: list[int] = field(default_factory=lambda: [1, 2, 4, 8], metadata=not_empty(unique=True))
+    mc_samples: list[int] = field(
+        default_factory=lambda: [1, 2, 4, 8], metadata=not_empty(unique=True) | each(at_least(1))
+    )
     """The Monte Carlo budgets: rollouts per exit point M, each scored as a point of its own (a
     method whose reward source reads ``credit.mc``)."""
-
-    def __post_init__(self) -> None:
-        if any(m < 1 for m in self.mc_samples):
-            raise ValueError(f"mc_samples: every budget needs at least one rollout, got {self.mc_samples}")
 
 
 @dataclass
@@ -629,7 +627,9 @@ class Report:
 
     table: str = "table1.csv"
     """File name of the comparison table (every method) under results_dir."""
-    table2_arms: list[str] = field(default_factory=lambda: ["grpo", "rredcot"])
+    table2_arms: list[str] = field(
+        default_factory=lambda: ["grpo", "rredcot"], metadata={"minItems": 2, "maxItems": 2}
+    )
     """The GRPO-trained and the RREDCoT-trained method of table2.csv (Nano-style comparison)."""
     table2_metric: str | None = None
     """Metric of table2.csv (null = avg@k with k = eval.n_samples)."""
@@ -642,8 +642,6 @@ class Report:
     credit at a fraction of its cost. A pair with a method the run does not train is skipped."""
 
     def __post_init__(self) -> None:
-        if len(self.table2_arms) != 2:
-            raise ValueError("table2_arms must name exactly two arms")
         for pair in self.pairs:
             if len(pair) != 2 or pair[0] == pair[1]:
                 raise ValueError(f"pairs: each pair names two different arms [arm, reference], got {pair!r}")
@@ -660,7 +658,9 @@ class ExperimentConfig:
     """MLflow experiment name; every job of the workflow logs one run into it."""
     results_dir: str = field(default="results", metadata=not_blank())
     """Folder for all outputs (data, models, tables, figures, logs, the sqlite MLflow store)."""
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3], metadata=not_empty(unique=True))
+    seeds: list[int] = field(
+        default_factory=lambda: [0, 1, 2, 3], metadata=not_empty(unique=True) | each(at_least(0))
+    )
     """RL seeds; every method is trained once per seed. Four make the default a quick run, not a
     verdict: telling apart methods whose accuracy differs by about 0.02 takes the 20 seeds and 40
     steps of config/testbed.yaml (docs/testbed.md, "The powered recipe"). More seeds narrow the
@@ -710,8 +710,6 @@ class ExperimentConfig:
     """The MLflow store's reach: waits and timeouts."""
 
     def __post_init__(self) -> None:
-        if not self.seeds or any(s < 0 for s in self.seeds):
-            raise ValueError("seeds must be a non-empty list of non-negative integers")
         if not self.arms:
             raise ValueError("arms must name at least one arm")
         bad = [a for a in self.arms if not a.replace("_", "").replace("-", "").isalnum()]
@@ -723,10 +721,7 @@ class ExperimentConfig:
         prompt = self.prompt
         for name, arm in self.arms.items():
             where = f"arms.{name}.credit_options"
-            try:
-                settings = build(CreditSettings, _merge(to_dict(self.credit), arm.credit_options), where)
-            except SettingsError as exc:
-                raise ValueError(str(exc)) from None
+            settings = build(CreditSettings, _merge(to_dict(self.credit), arm.credit_options), where)
             try:  # the method's own rules on the arm's credit and the prompt's texts (see credit_config)
                 CreditConfig.from_settings(
                     settings,
@@ -806,7 +801,12 @@ def defaults() -> dict[str, Any]:
 
 
 def validate(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The config layered over the defaults, validated, as plain dicts; or :class:`ConfigError`."""
+    """The config layered over the defaults, validated, as plain dicts; or :class:`ConfigError`.
+
+    Validated by the JSON schema, then built as the typed tree for the rules across fields. What the
+    stages get is plain dicts, not the instances: Snakemake's config, a rule's params and a stage's
+    view that refuses undeclared keys (``rredcot.settings.reads``) are key paths into dicts; where a
+    stage calls the library it builds the method's class from its section (:func:`credit_config`)."""
     try:
         typed = build(ExperimentConfig, _merge(defaults(), config))
     except SettingsError as exc:

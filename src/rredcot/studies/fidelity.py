@@ -81,7 +81,7 @@ from rredcot.data.records import row_reward
 from rredcot.data.synthetic import culprit_offset, exact_value_functions
 from rredcot.infra.io import read_jsonl, write_json
 from rredcot.infra.logs import setup_logging
-from rredcot.infra.stats import Interval
+from rredcot.infra.stats import MIN_CLUSTERS, ClusterBootstrap, Interval
 from rredcot.lm.evaluation import load_benchmarks
 from rredcot.lm.generation import HFGenerator, VLLMGenerator, VLLMOptions, device_name, load_vllm
 from rredcot.lm.modeling import load_model, load_tokenizer, set_threads
@@ -93,7 +93,7 @@ from rredcot.method.settings import CreditConfig
 from rredcot.settings.config import credit_config
 from rredcot.settings.reads import stage_config
 from rredcot.studies.fidelity_prime import companions, online_prime
-from rredcot.studies.figures_attr import BOOTSTRAP_DRAWS, MIN_CLUSTERS
+from rredcot.studies.figures_attr import BOOTSTRAP_DRAWS
 
 _log = logging.getLogger(__name__)
 
@@ -237,25 +237,18 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 
 class Bootstrap:
-    """The traces' numbers for every method, and the same problem draws for all of them."""
+    """The traces' numbers for every method, on the same draws of whole problems for all of them
+    (``rredcot.infra.stats.ClusterBootstrap``)."""
 
     def __init__(self, traces: Sequence[Mapping[str, Any]], draws: int, seed: int) -> None:
-        problems = sorted({str(t["problem_id"]) for t in traces})
-        code = {p: i for i, p in enumerate(problems)}
-        self.traces, self.problems = list(traces), problems
-        self.trace_problem = np.array([code[str(t["problem_id"])] for t in traces], dtype=int)
+        boot = ClusterBootstrap([t["problem_id"] for t in traces], draws, seed)
+        self.traces, self.problems, self.draws = list(traces), boot.names, boot.draws
+        self.enough = boot.enough
+        self.weights = boot.weights  # [draws, traces]
         self.truth = np.concatenate([np.asarray(t["truth"], dtype=float) for t in traces])
-        seg_problem = np.concatenate(
-            [np.full(len(t["truth"]), self.trace_problem[i]) for i, t in enumerate(traces)]
-        )
-        order = np.argsort(seg_problem, kind="stable")
-        self.members = np.split(order, np.cumsum(np.bincount(seg_problem, minlength=len(problems)))[:-1])
-        rng = np.random.default_rng(seed)
-        self.draws = rng.integers(0, len(problems), size=(draws, len(problems)))
-        counts = np.stack([np.bincount(d, minlength=len(problems)) for d in self.draws])
-        self.weights = counts[:, self.trace_problem].astype(float)  # [draws, traces]
-        self.enough = len(problems) >= MIN_CLUSTERS
-        self._rows = [np.concatenate([self.members[p] for p in d]) for d in self.draws]
+        # Each segment's problem: its trace's, once per segment.
+        segments = np.repeat(boot.codes, [len(t["truth"]) for t in traces])
+        self._rows = boot.rows(segments)
         self._truth_ranks = [stats.rankdata(self.truth[rows]) for rows in self._rows]
 
     def pooled(self, paid: np.ndarray) -> tuple[float, np.ndarray]:

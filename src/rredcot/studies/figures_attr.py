@@ -37,13 +37,12 @@ from scipy import stats
 
 from rredcot.infra.io import atomic_path
 from rredcot.infra.logs import setup_logging
+from rredcot.infra.stats import ClusterBootstrap
 
 _log = logging.getLogger(__name__)
 
 BOOTSTRAP_DRAWS = 1000
 """Resamples of the bootstrap over problems behind each Spearman interval."""
-MIN_CLUSTERS = 5
-"""Fewer problems than this give no interval: a bootstrap over so few says nothing."""
 FRACTIONS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 LABELS = {
     "rredcot": "RREDCoT",
@@ -74,31 +73,25 @@ def cluster_interval(
     a: np.ndarray, b: np.ndarray, clusters: Sequence[Any], draws: int = BOOTSTRAP_DRAWS, seed: int = 0
 ) -> tuple[float, float]:
     """95% percentile interval of Spearman(a, b) when whole clusters (all their pairs at once) are drawn
-    with replacement; NaN with fewer than MIN_CLUSTERS clusters or where a resample has no spread.
-
-    scipy's ``bootstrap`` resamples observations; here the observations it draws are cluster indices,
-    and the statistic pools their pairs."""
-    names, codes = np.unique(np.asarray(clusters, dtype=object).astype(str), return_inverse=True)
-    if len(names) < MIN_CLUSTERS:
+    with replacement (``rredcot.infra.stats.ClusterBootstrap``); NaN with fewer than MIN_CLUSTERS
+    clusters or where a resample has no spread."""
+    boot = ClusterBootstrap(clusters, draws, seed)
+    if not boot.enough:
         return math.nan, math.nan
-    # Each cluster's rows in their original order, in one sort rather than a scan per cluster.
-    members = np.split(np.argsort(codes, kind="stable"), np.cumsum(np.bincount(codes))[:-1])
 
-    def rho(drawn: np.ndarray) -> float:
-        rows = np.concatenate([members[int(c)] for c in drawn])
+    def rho(rows: np.ndarray) -> float:
         x, y = a[rows], b[rows]
         return math.nan if np.ptp(x) == 0 or np.ptp(y) == 0 else float(stats.spearmanr(x, y).statistic)
 
-    res = stats.bootstrap(
-        (np.arange(len(names)),),
-        rho,
-        n_resamples=draws,
-        method="percentile",
-        vectorized=False,
-        rng=np.random.default_rng(seed),
-    )
-    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    return (low, high) if math.isfinite(low) and math.isfinite(high) else (math.nan, math.nan)
+    rhos = np.array([rho(rows) for rows in boot.rows()])
+    if not np.isfinite(rhos).all():
+        return math.nan, math.nan
+    # Linear-interpolated percentiles (scipy's quantile, at the levels scipy.stats.bootstrap's
+    # percentile interval reads), unlike the order statistics of the other intervals: the recorded
+    # Figure 4-6 intervals were computed so.
+    tail = (1 - 0.95) / 2
+    low, high = stats.quantile(rhos, np.array([tail, 1 - tail]))
+    return float(low), float(high)
 
 
 def correlate(

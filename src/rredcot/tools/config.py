@@ -90,26 +90,36 @@ def render_yaml() -> str:
 _BOUNDS = {"minimum": ">= ", "exclusiveMinimum": "> ", "maximum": "<= "}
 
 
-def _type_text(node: dict[str, Any]) -> str:
+def _type_text(node: dict[str, Any], inner: bool = False) -> str:
+    """A schema node's type in words, with its rules: in parentheses, or run on for the items of a
+    list or the values of a mapping (``list of integer >= 0 (at least 1 item)``)."""
     if "enum" in node:
         return " \\| ".join(f"`{json.dumps(v)}`" for v in node["enum"])
     kind = node.get("type", "any")
     if "anyOf" in node:
-        text = " or ".join(_type_text(n) for n in node["anyOf"])
+        text = " or ".join(_type_text(n, inner) for n in node["anyOf"])
     elif kind == "array":
-        text = f"list of {_type_text(node.get('items', {}))}"
+        text = f"list of {_type_text(node.get('items', {}), inner=True)}"
     elif kind == "object" and node.get("additionalProperties", False) is not False:
-        text = f"mapping to {_type_text(node['additionalProperties'])}"
+        text = f"mapping to {_type_text(node['additionalProperties'], inner=True)}"
     else:
         text = {"null": "null", "object": "mapping"}.get(kind, kind)
     rules = [f"{name}{node[k]}" for k, name in _BOUNDS.items() if k in node]
     if "pattern" in node:
         rules.append("not blank" if node["pattern"] == r"\S" else f"matching `{node['pattern']}`")
-    if "minItems" in node:
-        rules.append(f"at least {node['minItems']} item{'s' * (node['minItems'] != 1)}")
+    least, most = node.get("minItems"), node.get("maxItems")
+    if least is not None and least == most:
+        rules.append(f"exactly {least} item{'s' * (least != 1)}")
+    else:
+        if least is not None:
+            rules.append(f"at least {least} item{'s' * (least != 1)}")
+        if most is not None:
+            rules.append(f"at most {most} item{'s' * (most != 1)}")
     if node.get("uniqueItems"):
         rules.append("no repeats")
-    return f"{text} ({', '.join(rules)})" if rules else text
+    if not rules:
+        return text
+    return f"{text} {' '.join(rules)}" if inner else f"{text} ({', '.join(rules)})"
 
 
 def _md_cell(text: str) -> str:
