@@ -23,6 +23,8 @@ LONG_FIRST = (
     "test_resume.py",
     "test_distributed.py",
     "test_trainer.py",
+    "test_real_model.py",
+    "test_loss_types.py",
 )
 
 
