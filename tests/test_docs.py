@@ -1186,7 +1186,7 @@ TEST_RUNNERS = (".ci/run", "scripts/check-library", "scripts/test-other-arch", "
 
 
 @cache
-def test_functions() -> dict[str, frozenset[str]]:
+def functions_of_tests() -> dict[str, frozenset[str]]:
     """Every test module under tests/ -> the names of its functions (tests and helpers)."""
     return {
         _rel(path): frozenset(re.findall(r"^\s*(?:async\s+)?def\s+(\w+)", path.read_text(), flags=re.M))
@@ -1194,7 +1194,7 @@ def test_functions() -> dict[str, frozenset[str]]:
     }
 
 
-def tested_problems(files: Iterable[Path]) -> list[str]:
+def claimed_test_problems(files: Iterable[Path]) -> list[str]:
     """Every test a page names exists, and every claim that something is tested names the test.
 
     - ``tests/test_x.py`` is a file; ``tests/test_x.py::test_name`` a function of it, and a bare
@@ -1204,7 +1204,7 @@ def tested_problems(files: Iterable[Path]) -> list[str]:
       (and not "not tested", "untested", "never") names a test module or function, CI or one of
       its scripts (``.ci/run``, ``scripts/check-library``, ...), or links to a section whose
       anchor says what is tested (``#what-is-tested-where``, ``#what-the-tests-cover``)."""
-    functions = test_functions()
+    functions = functions_of_tests()
     every = frozenset().union(*functions.values())
     problems = []
     for item, sentence, _ in _sentences(files):
@@ -1246,7 +1246,7 @@ def tested_problems(files: Iterable[Path]) -> list[str]:
 
 
 def test_every_test_named_exists_and_every_tested_claim_names_one() -> None:
-    problems = tested_problems([*_docs(), *_config_yamls()])
+    problems = claimed_test_problems([*_docs(), *_config_yamls()])
     assert not problems, "\n".join(problems)
 
 
@@ -1374,7 +1374,7 @@ def test_count_rule_reads_and_test_checks_catch_a_broken_doc(tmp_path: Path) -> 
         "changing `prompt.exit_string` reruns `report`, which does not compute with it"
     )
 
-    tested = tested_problems(files)
+    tested = claimed_test_problems(files)
     assert [p.split(": ")[0] for p in tested] == [f"{page}:27", f"{page}:27", f"{page}:27"], tested
     assert "names no test" in tested[0] and "tests/test_nope.py does not exist" in tested[1], tested
     assert "tests/test_credit.py has no test_no_such_test" in tested[2], tested
