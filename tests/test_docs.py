@@ -812,6 +812,444 @@ def test_rredcot_help_lists_exactly_the_commands_it_dispatches() -> None:
     assert not any(synopses), [p for p in synopses if p]
 
 
+# --------------------------------------------------------- 7. counts and lists of credit methods
+WORDS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen"
+NUMBERS = {w: n for n, w in enumerate(WORDS.split())}
+COUNT = re.compile(
+    r"\b(\d+|" + "|".join(NUMBERS) + r")\s+(registered\s+|built-in\s+)?(credit\s+)?methods\b", re.I
+)
+CONFIG_FILE = re.compile(r"(?<![\w/.-])config/[\w/.-]+\.yaml\b")
+
+
+@cache
+def credit_methods() -> tuple[str, ...]:
+    """The registered credit methods (``rredcot.method.registry.CREDIT_METHODS``), in order."""
+    import rredcot.method.sources  # noqa: F401  (registers the built-in methods)
+    from rredcot.method.registry import CREDIT_METHODS
+
+    return tuple(CREDIT_METHODS)
+
+
+@cache
+def trained_methods(config: str) -> tuple[str, ...]:
+    """The methods a config file trains, layered on the default config: its ``run_arms``, or every
+    method under ``arms`` where ``run_arms`` is null."""
+    from rredcot.settings.config import load_config
+
+    files = [ROOT / "config" / "config.yaml"]
+    files += [ROOT / config] if config != "config/config.yaml" else []
+    cfg = load_config(files)
+    return tuple(cfg["run_arms"] or cfg["arms"])
+
+
+@cache
+def default_arms() -> tuple[str, ...]:
+    """The methods the default config defines under ``arms``."""
+    from rredcot.settings.config import load_config
+
+    return tuple(load_config([ROOT / "config" / "config.yaml"])["arms"])
+
+
+def paragraphs(path: Path) -> Iterator[tuple[int, str]]:
+    """The prose paragraphs of a page, code spans kept in their backticks: (first line, text with
+    its line breaks). Fenced code blocks and headings are left out; a table row is a paragraph of its
+    own. In a YAML file, the paragraphs of its ``#`` comments (a comment line indented by two spaces
+    or more after its ``#`` is code)."""
+    para: list[str] = []
+    start, fence = 0, ""
+    yaml_file = path.suffix in (".yaml", ".yml")
+    for n, line in enumerate([*path.read_text(errors="replace").splitlines(), ""], 1):
+        if yaml_file:
+            found = re.search(r"(?:^|\s)#(.*)$", line)
+            body = found.group(1) if found and not re.match(r"^ {2,}\S", found.group(1)) else ""
+        else:
+            opened = FENCE.match(line)
+            if fence:
+                fence = "" if re.match(rf"^ {{0,3}}{fence[0]}{{{len(fence)},}}\s*$", line) else fence
+                continue
+            if opened:
+                fence, body = opened.group(1), ""
+            else:
+                body = "" if re.match(r"^ {0,3}#{1,6}\s", line) else line
+        row = body.lstrip().startswith("|")
+        if (not body.strip() or row) and para:
+            yield start, "\n".join(para)
+            para = []
+        if row:
+            yield n, body
+        elif body.strip():
+            start = n if not para else start
+            para.append(body.strip())
+
+
+def _sentences(files: Iterable[Path]) -> Iterator[tuple[Text, str, list[str]]]:
+    """Every sentence of the pages' paragraphs (:func:`paragraphs`; a table row is one): (where it
+    starts, its text with the code spans in their backticks, the spans' texts)."""
+    for path in files:
+        for first, text in paragraphs(path):
+            pos = 0
+            for part in re.split(r"(?<=\.)\s+(?=[A-Z(`*\[])", text) if not text.startswith("|") else [text]:
+                at = text.index(part, pos)
+                pos = at + len(part)
+                sentence = " ".join(part.split())
+                where = Text(path, first + text.count("\n", 0, at), sentence, False)
+                yield where, sentence, re.findall(r"`([^`]+)`", sentence)
+
+
+def count_problems(files: Iterable[Path]) -> list[str]:
+    """Every count of methods a page or config comment states is the code's.
+
+    - "N credit methods", "N registered methods", "N built-in methods": the registry's number.
+    - "N methods" in a sentence (or table row) that names exactly one config file
+      (``config/testbed.yaml``), or in a config file's own comments where its sentence names no
+      other: the number of methods that config trains (its ``run_arms``, layered on the default).
+    - "N methods:" followed by a list of method names in code spans: as many names as N.
+    - "The built-in (registered) credit methods are `a`, `b`, ...": exactly the registry's names.
+    A count in a sentence that names a commit (a hex word of 7 or more characters) or an "earlier"
+    recipe is history and left alone."""
+    registry = credit_methods()
+    problems = []
+    for path in files:
+        for item, sentence, spans in _sentences([path]):
+            named = {c for c in CONFIG_FILE.findall(sentence) if (ROOT / c).is_file()}
+            if path.suffix == ".yaml" and not named and path.is_relative_to(ROOT / "config"):
+                named = {_rel(path)}
+            history = re.search(r"\b[0-9a-f]{7,40}\b|\bearlier\b|\bbefore\b", sentence)
+            for found in COUNT.finditer(sentence):
+                word = found.group(1).lower()
+                n = int(word) if word.isdigit() else NUMBERS[word]
+                if history:
+                    continue
+                if found.group(2) or found.group(3):
+                    if n != len(registry):
+                        problems.append(
+                            f"{item.where}: '{found.group(0)}': the registry has {len(registry)} credit "
+                            f"methods ({', '.join(registry)})"
+                        )
+                    continue
+                rest = sentence[found.end() :]
+                if rest.startswith(":"):
+                    names = re.findall(r"`([^`]+)`", rest)
+                    arms = set(default_arms())
+                    listed = [name for name in names if name in arms or name in registry]
+                    if listed and len(listed) != n:
+                        problems.append(
+                            f"{item.where}: '{found.group(0)}:' lists {len(listed)}: {', '.join(listed)}"
+                        )
+                        continue
+                if len(named) == 1:
+                    (config,) = named
+                    trains = trained_methods(config)
+                    if n != len(trains):
+                        problems.append(
+                            f"{item.where}: '{found.group(0)}': {config} trains {len(trains)} "
+                            f"({', '.join(trains)})"
+                        )
+            if re.search(r"\b(built-in|registered) credit methods (are|is)\b", sentence):
+                names = [s for s in spans if re.fullmatch(r"[a-z][a-z0-9_+]*", s)]
+                missing = [m for m in registry if m not in names]
+                unknown = [m for m in names if m not in registry]
+                if missing or unknown:
+                    problems.append(
+                        f"{item.where}: the list of credit methods leaves out {', '.join(missing) or '-'}"
+                        f" and names unregistered {', '.join(unknown) or '-'} (the registry: "
+                        f"{', '.join(registry)})"
+                    )
+    return problems
+
+
+def method_table_problems(files: Iterable[Path]) -> list[str]:
+    """A Markdown table whose first column is headed `` `credit` `` or "credit method" lists every
+    registered credit method once and nothing else in that column."""
+    registry = credit_methods()
+    problems = []
+    for path in files:
+        if path.suffix != ".md":
+            continue
+        rows: list[tuple[int, list[str]]] = []
+        lines = [*path.read_text(errors="replace").splitlines(), ""]
+        for n, line in enumerate(lines, 1):
+            if line.lstrip().startswith("|"):
+                rows.append((n, [c.strip() for c in line.strip().strip("|").split("|")]))
+                continue
+            if rows and rows[0][1][0].strip("`").lower() in ("credit", "credit method"):
+                names = [m.group(1) for _, cells in rows[2:] if (m := re.fullmatch(r"`([^`]+)`", cells[0]))]
+                missing = [m for m in registry if m not in names]
+                unknown = [m for m in names if m not in registry]
+                if missing or unknown:
+                    problems.append(
+                        f"{_rel(path)}:{rows[0][0]}: the table of credit methods leaves out "
+                        f"{', '.join(missing) or '-'} and lists unregistered {', '.join(unknown) or '-'}"
+                    )
+            rows = []
+    return problems
+
+
+def test_every_count_and_list_of_methods_is_the_codes() -> None:
+    files = [*_docs(), *_config_yamls()]
+    problems = count_problems(files) + method_table_problems(files)
+    assert not problems, "\n".join(problems)
+
+
+# ----------------------------------------------------------------------- 8. rules and the DAG
+def rules(folder: Path = ROOT / "workflow") -> set[str]:
+    """The workflow's rules: every ``rule NAME:`` of the Snakefile and workflow/rules/*.smk (also
+    one indented under an ``if``)."""
+    found: set[str] = set()
+    for smk in [folder / "Snakefile", *sorted((folder / "rules").glob("*.smk"))]:
+        found.update(re.findall(r"^\s*rule\s+(\w+)\s*:", smk.read_text(), flags=re.M))
+    return found
+
+
+ARROW = re.compile(r"─+►")
+
+
+def dag_edges(path: Path) -> list[tuple[int, str, str]]:
+    """The edges a page draws between rules in its diagrams (code blocks with ``─►``): on each line,
+    each node and the next one that is a rule, skipping files between them (``clean ─► rl.clean.jsonl
+    ─► train`` draws clean → train). A node is a name, ``name[wildcards]``, or a comma-separated
+    list of names (``report, tables ─► claims``: both draw an edge)."""
+    known = rules()
+    edges = []
+    for item in markdown(path):
+        if not (item.code and ARROW.search(item.text)):
+            continue
+        text = re.sub(r"\[[^\]]*\]", "", item.text)
+        nodes = [
+            re.split(r",\s*", re.sub(r"^[\s─┬┴├└┐┘┤│]+|[\s─┬┴├└┐┘┤│]+$", "", n)) for n in ARROW.split(text)
+        ]
+        previous: list[str] = []
+        for node in nodes:
+            names = [n for n in node if n in known]
+            if names:
+                edges += [(item.line, a, b) for a in previous for b in names]
+                previous = names
+            elif not any(n.strip() for n in node):
+                previous = []
+    return edges
+
+
+@cache
+def rule_graph() -> frozenset[tuple[str, str]]:
+    """The edges (producer, consumer) of ``snakemake --rulegraph all`` under the default config."""
+    with_results = f"results_dir={ROOT / '.snakemake' / 'rulegraph-results'}"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--rulegraph", "--nolock", "--config", with_results, "--", "all"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    label = dict(re.findall(r'^\s*(\d+)\[label = "(\w+)"', proc.stdout, flags=re.M))
+    return frozenset((label[a], label[b]) for a, b in re.findall(r"^\s*(\d+) -> (\d+)", proc.stdout, re.M))
+
+
+def rule_problems(files: Iterable[Path], graph: frozenset[tuple[str, str]] | None = None) -> list[str]:
+    """What the pages say of the workflow's rules is what workflow/ defines.
+
+    - A name in the first column of a table headed "rule" (each of a comma-separated list), and a
+      code span right before the word "rule" or after "rule"/"rules" (the `` `train` `` rule,
+      rules `` `sft` ``, `` `train` ``), is a rule.
+    - docs/pipeline.md's table of rules (its "Rules" section) lists every rule but ``all``.
+    - Every edge a diagram draws between two rules is an edge of the default config's rule graph
+      (``snakemake --rulegraph``): the second rule reads a file the first writes."""
+    known = rules()
+    problems = []
+    for path in files:
+        table: list[str] | None = None
+        tabled: set[str] = set()
+        section, start = "", 0
+        for n, line in enumerate([*path.read_text(errors="replace").splitlines(), ""], 1):
+            if line.startswith("#"):
+                section = line.lstrip("#").strip()
+            if not line.lstrip().startswith("|"):
+                if table and table[0].lower() == "rule" and section == "Rules":
+                    missing = sorted(known - tabled - {"all"})
+                    if missing:
+                        problems.append(
+                            f"{_rel(path)}:{start}: the table of rules leaves out {', '.join(missing)}"
+                        )
+                table, tabled = None, set()
+                continue
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if table is None:
+                table, start = cells, n
+                continue
+            if table[0].lower() != "rule" or set(cells[0]) <= set("-: "):
+                continue
+            for name in re.findall(r"`([^`]+)`", cells[0]):
+                tabled.add(name)
+                if name not in known and name != "default-resources":  # the profile's defaults
+                    problems.append(f"{_rel(path)}:{n}: `{name}` in a table of rules is no rule of workflow/")
+    for path in files:
+        text = path.read_text(errors="replace")
+        for found in re.finditer(r"`(\w+)` rule\b|\brules? `(\w+)`((?:,? (?:and )?`\w+`)*)", text):
+            names = (
+                [found.group(1)]
+                if found.group(1)
+                else [found.group(2), *re.findall(r"`(\w+)`", found.group(3))]
+            )
+            line = text.count("\n", 0, found.start()) + 1
+            problems += [
+                f"{_rel(path)}:{line}: `{name}` is called a rule, and workflow/ has no rule {name}"
+                for name in names
+                if name not in known
+            ]
+        if path.suffix == ".md" and ARROW.search(text):
+            edges = dag_edges(path)
+            if edges:
+                graph = rule_graph() if graph is None else graph
+                problems += [
+                    f"{_rel(path)}:{line}: the diagram draws {a} ─► {b}; the rule graph has no such edge "
+                    f"({b} reads nothing {a} writes)"
+                    for line, a, b in edges
+                    if (a, b) not in graph
+                ]
+    return problems
+
+
+def test_every_rule_named_and_edge_drawn_exists() -> None:
+    problems = rule_problems(_docs())
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------- 9. what changing a setting reruns
+def _computes(stage: str, key: str) -> bool:
+    """Whether ``stage`` computes with the setting ``key`` (``rredcot.settings.reads.READS``): a key
+    it declares is ``key`` or a section above or below it, and no ``runs`` key takes it out. The
+    train stage's credit settings count as the ``credit`` section."""
+    from rredcot.settings.reads import CREDIT_OF_ARM, READS
+
+    reads = READS[stage]
+    declared = [*reads.computes, *(k for keys in reads.variants.values() for k in keys)]
+    declared = ["credit" if k == CREDIT_OF_ARM else k.replace(".{arm}", "") for k in declared]
+
+    def covers(a: str, b: str) -> bool:
+        return a == b or b.startswith(a + ".")
+
+    if any(covers(r, key) for r in reads.runs):
+        return False
+    return any(covers(k, key) or covers(key, k) for k in declared)
+
+
+RERUNS = re.compile(r"[Cc]hanging ((?:`[\w.]+`(?:,? (?:or |and )?)?)+) reruns? ((?:(?!\bchanging\b)[^.;])*)")
+
+
+def reruns_problems(files: Iterable[Path]) -> list[str]:
+    """A sentence "Changing `KEY` reruns `stage`, `stage` ..." names stages that compute with the key, and
+    "changing `KEY` reruns nothing" a key no stage computes with (``rredcot.settings.reads``)."""
+    from rredcot.settings.reads import READS
+
+    problems = []
+    for item, sentence, _ in _sentences(files):
+        for found in RERUNS.finditer(sentence):
+            keys = re.findall(r"`([\w.]+)`", found.group(1))
+            if found.group(2).startswith("nothing"):
+                problems += [
+                    f"{item.where}: changing `{key}` reruns nothing, but {stage} computes with it"
+                    for key in keys
+                    for stage in READS
+                    if _computes(stage, key)
+                ]
+                continue
+            stages = [s for s in re.findall(r"`(\w+)`", found.group(2)) if s in READS]
+            problems += [
+                f"{item.where}: changing `{key}` reruns `{stage}`, which does not compute with it"
+                for key in keys
+                for stage in stages
+                if not _computes(stage, key)
+            ]
+    return problems
+
+
+def test_what_a_changed_setting_reruns_is_what_the_stages_read() -> None:
+    problems = reruns_problems(_docs())
+    assert not problems, "\n".join(problems)
+
+
+# ----------------------------------------------------------------- 10. claims of what is tested
+TEST_FILE = re.compile(r"(?<![\w/.-])(tests/[\w/]+\.py)(?:::(\w+))?")
+TEST_NAME = re.compile(r"(?<![\w/.-])(?:::)?(test_\w+)\b(?!\.py)")
+BARE_TEST_FILE = re.compile(r"(?<![\w/.-])(test_\w+\.py)\b")
+TESTED = re.compile(
+    r"\b(is|are|gets|get|was|were) tested\b|\btests? cover|\bthe tests? (runs?|checks?|shows?)\b|"
+    r"\bchecked by\b|\btested (in|by|on)\b|\bthe tests check\b",
+    re.I,
+)
+# "what is tested where", "how the tests run ...": a pointer, not a claim.
+ASKED = re.compile(r"\b(what|how)\b(\W+\w+){0,3}\W*$", re.I)
+UNTESTED = re.compile(r"\bnot (tested|covered|checked)|\buntested\b|\bnever\b|\bno test\b", re.I)
+# What runs the tests besides pytest: CI and its scripts.
+TEST_RUNNERS = (".ci/run", "scripts/check-library", "scripts/test-other-arch", "make test", "snakemake -n")
+
+
+@cache
+def functions_of_tests() -> dict[str, frozenset[str]]:
+    """Every test module under tests/ -> the names of its functions (tests and helpers)."""
+    return {
+        _rel(path): frozenset(re.findall(r"^\s*(?:async\s+)?def\s+(\w+)", path.read_text(), flags=re.M))
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+    }
+
+
+def claimed_test_problems(files: Iterable[Path]) -> list[str]:
+    """Every test a page names exists, and every claim that something is tested names the test.
+
+    - ``tests/test_x.py`` is a file; ``tests/test_x.py::test_name`` a function of it, and a bare
+      ``::test_name`` or ``test_name`` after it on the same line a function of the same file; a
+      ``test_name`` alone a function of some test module.
+    - A sentence that says something "is tested", "tests cover", "the tests run", "checked by" ...
+      (and not "not tested", "untested", "never") names a test module or function, CI or one of
+      its scripts (``.ci/run``, ``scripts/check-library``, ...), or links to a section whose
+      anchor says what is tested (``#what-is-tested-where``, ``#what-the-tests-cover``)."""
+    functions = functions_of_tests()
+    every = frozenset().union(*functions.values())
+    problems = []
+    for item, sentence, _ in _sentences(files):
+        last = None
+        for found in re.finditer(rf"{TEST_FILE.pattern}|{TEST_NAME.pattern}", sentence):
+            module, function, name = found.group(1), found.group(2), found.group(3)
+            if module:
+                last = module
+                if module not in functions and not (ROOT / module).is_file():
+                    problems.append(f"{item.where}: {module} does not exist")
+                elif function and function not in functions.get(module, ()):
+                    problems.append(f"{item.where}: {module} has no {function}")
+                continue
+            if _is_placeholder(name) or name.endswith("_"):
+                continue
+            scope = functions.get(last, every) if found.group(0).startswith("::") or last else every
+            if name not in scope and name not in every:
+                problems.append(f"{item.where}: no test function {name} in tests/")
+            elif name not in scope:
+                problems.append(f"{item.where}: {last} has no {name}")
+        for found in BARE_TEST_FILE.finditer(sentence):
+            if not any(module.endswith(f"/{found.group(1)}") for module in functions):
+                problems.append(f"{item.where}: no test module {found.group(1)} in tests/")
+        claim = next((c for c in TESTED.finditer(sentence) if not ASKED.search(sentence[: c.start()])), None)
+        if claim and not UNTESTED.search(sentence):
+            names_a_test = (
+                TEST_FILE.search(sentence)
+                or BARE_TEST_FILE.search(sentence)
+                or TEST_NAME.search(sentence)
+                or any(runner in sentence for runner in TEST_RUNNERS)
+                or re.search(r"\bCI\b", sentence)
+                or re.search(r"#what-(is-tested|the-tests)", sentence)
+            )
+            if not names_a_test:
+                problems.append(
+                    f"{item.where}: a claim that something is tested names no test: {sentence.strip()[:160]}"
+                )
+    return problems
+
+
+def test_every_test_named_exists_and_every_tested_claim_names_one() -> None:
+    problems = claimed_test_problems([*_docs(), *_config_yamls()])
+    assert not problems, "\n".join(problems)
+
+
 # --------------------------------------------------------------------- each check fails once
 BROKEN = """# A page
 
@@ -873,6 +1311,73 @@ def test_checks_catch_a_broken_doc(tmp_path: Path) -> None:
         "rredcot --help lists 'ghost', which rredcot does not dispatch",
         "rredcot --help leaves out 'train', which rredcot dispatches",
     ], helped
+
+
+BROKEN_COUNTS = """# A page
+
+The recipe (`config/testbed.yaml`) trains five methods. The registry holds four credit methods.
+The default trains three methods: `grpo` and `rredcot`.
+
+The built-in credit methods are `uniform`, `rredcot` and `frobnicate`.
+
+| `credit` | what |
+|---|---|
+| `uniform` | GRPO |
+
+## Rules
+
+| rule | command |
+|---|---|
+| `data` | `rredcot data` |
+| `nope` | `rredcot nope` |
+
+```
+data ─► sft ─► models/sft
+report, figures ─► tables ─► table2.csv
+```
+
+The `ghost` rule runs last. So changing `rl.max_steps` reruns nothing, and changing
+`prompt.exit_string` reruns `report`.
+
+The cleaner is tested on every kind of label noise. It is checked by `tests/test_nope.py` and
+`tests/test_credit.py::test_no_such_test`.
+"""
+
+
+def test_count_rule_reads_and_test_checks_catch_a_broken_doc(tmp_path: Path) -> None:
+    """Each of checks 7-10, fed a page that breaks it, fails naming the page and line."""
+    page = tmp_path / "broken.md"
+    page.write_text(BROKEN_COUNTS)
+    files = [page]
+
+    counts = count_problems(files) + method_table_problems(files)
+    assert [p.split(": ")[0] for p in counts] == [f"{page}:{n}" for n in (3, 3, 4, 6, 8)], counts
+    assert "config/testbed.yaml trains 7" in counts[0] and "the registry has 9" in counts[1], counts
+    assert "'three methods:' lists 2" in counts[2], counts
+    assert "leaves out entropy" in counts[3] and "unregistered frobnicate" in counts[3], counts
+    assert "the table of credit methods leaves out entropy" in counts[4], counts
+
+    graph = frozenset({("data", "sft"), ("train", "tables")})
+    found = rule_problems(files, graph)
+    assert [p.split(": ")[0] for p in found] == [f"{page}:17", f"{page}:14", f"{page}:24", f"{page}:21"], (
+        found
+    )
+    assert "`nope` in a table of rules" in found[0] and "leaves out" in found[1] and "clean" in found[1], (
+        found
+    )
+    assert "no rule ghost" in found[2] and "draws report ─► tables" in found[3], found
+
+    reruns = reruns_problems(files)
+    assert len(reruns) == 3 and all(p.startswith(f"{page}:24") for p in reruns), reruns
+    assert "`rl.max_steps` reruns nothing, but train computes with it" in reruns[0], reruns
+    assert reruns[-1].endswith(
+        "changing `prompt.exit_string` reruns `report`, which does not compute with it"
+    )
+
+    tested = claimed_test_problems(files)
+    assert [p.split(": ")[0] for p in tested] == [f"{page}:27", f"{page}:27", f"{page}:27"], tested
+    assert "names no test" in tested[0] and "tests/test_nope.py does not exist" in tested[1], tested
+    assert "tests/test_credit.py has no test_no_such_test" in tested[2], tested
 
 
 def test_slug_follows_github() -> None:

@@ -169,8 +169,41 @@ def render_readme() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def _credit_reads() -> list[str]:
+    """What each registered credit method reads of the ``credit`` section (``CreditSettings.read_by``)
+    and which training methods of the default config use it, drawn from the registry."""
+    import rredcot.method.sources  # noqa: F401  (registers the built-in methods)
+    from rredcot.method.registry import CREDIT_METHODS
+    from rredcot.method.settings import CreditSettings
+
+    arms = to_dict(ExperimentConfig())["arms"]
+    reads = {name: CreditSettings.read_by(method) for name, method in CREDIT_METHODS.items()}
+    lines = [
+        "| credit method | reads under `credit` | training methods of the default config that use it |",
+        "|---|---|---|",
+    ]
+    for name, keys in reads.items():
+        used = [arm for arm, spec in arms.items() if spec["credit"] == name]
+        shown = ", ".join(f"`{k}`" for k in keys) or "(none: TRL's advantages stay as they are)"
+        lines.append(f"| `{name}` | {shown} | {', '.join(f'`{a}`' for a in used) or '(none)'} |")
+    sections = [
+        f"`credit.{key}` only those of "
+        + " or ".join(f"`{name}`" for name, keys in reads.items() if key in keys)
+        for key in ("mc", "spo", "prime")
+    ]
+    return [
+        *lines,
+        "",
+        "Changing "
+        + sections[0].replace(" only those of ", " retrains only the arms whose credit method is ")
+        + f", {', '.join(sections[1:])}; the other arms' `train` jobs stay as they were.",
+        "",
+    ]
+
+
 def _reads_section() -> list[str]:
-    """Which settings each workflow stage reads (rredcot.settings.reads)."""
+    """Which settings each workflow stage reads (rredcot.settings.reads), and what each credit method
+    reads of the ``credit`` section."""
     lines = [
         "## Which settings each stage reads",
         "",
@@ -178,13 +211,8 @@ def _reads_section() -> list[str]:
         "the jobs that read it (and what depends on them); a stage that reads a setting it does not",
         "declare fails. Settings under *runs only* are read but cannot change the outputs: changing",
         "them reruns nothing. `{arm}` is the job's training method (its name under `arms`); a key",
-        "names the whole section under it. `credit.<what the arm reads>` are the credit settings its",
-        "credit method depends on (`CreditSettings.read_by`): none for uniform credit (the GRPO",
-        "baselines); `mix`, `budget`, `precision`, `view_every` and `view_samples` for every other",
-        "method, with `segmentation` for the segment methods, `mc` for Monte Carlo credit, the",
-        "exit-point scoring settings (`group_pairs`, `proposal`, `value_model`, `scorer`,",
-        "`answer_baseline`) for RREDCoT, and `value_space` for RREDCoT, Monte Carlo and exact-values",
-        "credit. Changing `credit.mc` thus retrains the Monte Carlo method alone.",
+        "names the whole section under it. `credit.<what the arm reads>` are the credit settings the",
+        "arm's credit method depends on (`CreditSettings.read_by`), listed per method below the table.",
         "",
         "| stage | computes with | runs only |",
         "|---|---|---|",
@@ -194,7 +222,7 @@ def _reads_section() -> list[str]:
         computes += [f"`{k}` ({v})" for v, keys in reads.variants.items() for k in keys]
         runs = ", ".join(f"`{k}`" for k in reads.runs)
         lines.append(f"| `{stage}` | {', '.join(computes) or '(none)'} | {runs} |")
-    return [*lines, ""]
+    return [*lines, "", "### What each credit method reads", "", *_credit_reads()]
 
 
 def render_schema() -> str:

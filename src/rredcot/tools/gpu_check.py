@@ -32,9 +32,9 @@ Sections (``--sections``, all by default), each written to the report as soon as
    vLLM engine holding the same weights (what a run with ``rl.gpu.use_vllm`` does) against
    transformers' own decoding: seconds of each and the same solutions; only where vLLM is installed.
 
-    rredcot gpu-check --out docs/gpu/gpu-check.json              # on a CUDA machine
-    rredcot gpu-check --device cpu --tiny --out /tmp/gpu.json   # the same code paths, tiny, on a CPU
-    rredcot gpu-check --out gpu.json --profile profiles/        # and a profile of each batch's credit
+    rredcot gpu-check --out results/gpu/gpu-check.json                          # on a CUDA machine
+    rredcot gpu-check --device cpu --tiny --out results/gpu/gpu-check-tiny.json  # tiny, on a CPU
+    rredcot gpu-check --out results/gpu/gpu-check.json --profile results/gpu/profile  # and a profile
 
 Every section catches its own out-of-memory error, frees what it built and reports it, so one
 failure does not hide the rest. The tests run the ``--tiny`` CPU form; they never need a GPU.
