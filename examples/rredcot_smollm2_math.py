@@ -12,7 +12,7 @@ template and the reward receives each completion as a message.
 The loss is stated: ``loss_type="grpo"``, the sequence mean, where the credit's σ sums to 1 over each
 trace and a trace's total advantage is unchanged (docs/method.md). TRL's own default is ``dapo``,
 which normalises by the tokens of the whole batch: RREDCoT runs under it too, its σ·|o| then
-reweighting tokens within a batch-level sum (docs/library.md, "Loss types").
+reweighting tokens within a batch-level sum (docs/library.md, "The loss type").
 
 MATH train carries no worked solutions, only answers: the dataset's empty ``reference`` column makes
 each exit point's value the probability of the answer alone. A dataset with solutions puts them there.
