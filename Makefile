@@ -23,8 +23,9 @@ setup: $(VENV)/.installed-$(VLLM)
 
 # The library's dependencies are ranges (pyproject.toml); the pipeline extra and dev tools come on top,
 # and envs/constraints.txt pins every package to one version (CI runs `make test` at them on a CPU;
-# the GPU pins are untested: docs/install.md), so runs of the pipeline stay reproducible. torch is pinned to the CPU build's version (2.13.0) there: a range
-# admitting newer releases would pull their CUDA wheels.
+# the GPU pins are untested: docs/install.md), so runs of the pipeline stay reproducible. torch is
+# pinned to the CPU build's version (2.13.0) there: a range admitting newer releases would pull
+# their CUDA wheels.
 # vLLM goes in second, at the versions envs/constraints.txt pins: no single resolve holds both the
 # SLURM executor plugin 2.8.0 (numpy>=2.4.5) and vLLM's mistral-common (numpy<2.4); the plugin runs
 # on the numpy 2.3 vLLM brings (tests/test_slurm.py). vLLM's CPU build pulls torchvision, torchaudio
