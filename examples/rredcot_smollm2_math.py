@@ -26,6 +26,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import torch
 from datasets import Dataset
 from math_verify import parse, verify
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -88,6 +89,7 @@ config = GRPOConfig(
     logging_steps=1,
     save_strategy="no",
     report_to="none",
+    use_cpu=not torch.cuda.is_available(),  # bf16 on a GPU (TRL's default), float32 on a CPU
     seed=0,
 )
 trainer = RREDCoTTrainer(  # RREDCoT (was: GRPOTrainer)

@@ -16,6 +16,14 @@ OVERLAYS = sorted(
     if p.name not in {"config.yaml", "datasets.yaml"} and p.parent.name != "accelerate"
 )
 ACCELERATE = sorted((ROOT / "config" / "accelerate").glob("*.yaml"))
+# Overlays that run on top of another (their header's command names both), by file name.
+LAYERED_ON = {"smollm2-math.yaml": ["smollm2.yaml"]}
+
+
+def _stack(overlay: Path) -> list[str]:
+    """The files a shipped overlay runs with: the default, what it layers on, itself."""
+    under = [str(ROOT / "config" / name) for name in LAYERED_ON.get(overlay.name, [])]
+    return [str(ROOT / "config" / "config.yaml"), *under, str(overlay)]
 
 
 def test_the_overlays_are_found() -> None:
@@ -25,7 +33,7 @@ def test_the_overlays_are_found() -> None:
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.relative_to(ROOT / "config").as_posix())
 def test_overlay_validates(overlay: Path) -> None:
-    cfg = load_config([str(ROOT / "config" / "config.yaml"), str(overlay)])
+    cfg = load_config(_stack(overlay))
     assert cfg["results_dir"].startswith("results")
 
 
@@ -279,7 +287,7 @@ def test_the_schema_file_takes_every_shipped_config() -> None:
     validator = jsonschema.Draft202012Validator(schema)
     validator.check_schema(schema)
     for overlay in [ROOT / "config" / "config.yaml", *OVERLAYS]:
-        validator.validate(load_config([str(ROOT / "config" / "config.yaml"), str(overlay)]))
+        validator.validate(load_config(_stack(overlay)))
     bad = deep_merge(load_config(ROOT / "config" / "config.yaml"), {"rl": {"max_steps": "ten"}})
     assert [list(e.absolute_path) for e in validator.iter_errors(bad)] == [["rl", "max_steps"]]
 

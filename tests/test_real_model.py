@@ -219,7 +219,17 @@ def test_single_pass_scoring_equals_naive_on_the_real_shape(smollm2: Path, tok) 
 def rl_setup(smollm2: Path, tok, tmp_path_factory):
     cfg = load_config(
         RECIPE,
-        {"rl": {"prompts_per_step": 2, "num_generations": 2, "max_completion_length": 12, "max_steps": 2}},
+        # transformers' generation: what is compared is the update, and TRL's colocated vLLM engine is
+        # one per process (tests/test_vllm.py runs training through it).
+        {
+            "rl": {
+                "prompts_per_step": 2,
+                "num_generations": 2,
+                "max_completion_length": 12,
+                "max_steps": 2,
+                "gpu": {"use_vllm": False},
+            }
+        },
     )
     rows = generate_splits(TaskConfig(n_sft=1, n_rl=8, n_test=1, seed=7))["rl"]
     dataset = Dataset.from_list(rl_records(rows, cfg["prompt"], tok))

@@ -463,6 +463,8 @@ CHANGES = {
     "prompt.answer_prefix": " \\answer{",
     "prompt.answer_suffix": "}\n",
     "prompt.style": "template",
+    "prompt.system_prompt": "Be brief.",
+    "prompt.think_start": "<think>\n\n",
     "distributed.cpu_processes": 2,
     "arms.rredcot.credit_options": {"mix": 0.7},
     "rl.learning_rate": 0.0002,
@@ -572,12 +574,12 @@ def downstream(smoke: Path) -> dict[str, set[str]]:
 
 
 def test_every_declared_setting_has_a_change() -> None:
-    # Not on the smoke DAG: the settings of real-data fetching, and data.kind, which picks the DAG
-    # (test_reads.py checks them on the settings side).
+    # Not on the smoke DAG: the settings of real-data fetching and of the model rule (a GGUF source),
+    # and data.kind, which picks the DAG (test_reads.py checks them on the settings side).
     declared = {
         _any_arm(k)
         for stage, reads in READS.items()
-        if stage != "fetch"
+        if stage not in ("fetch", "model")
         for k in (*reads.computes, *(k for ks in reads.variants.values() for k in ks))
     } - {"data.kind"}
     missing = sorted(k for k in declared if not any(_covers(k, key) for key in CHANGES))

@@ -177,6 +177,8 @@ PIPELINE_MODULES: dict[str, str] = {
     "jsonschema": "jsonschema",
     "pyyaml": "yaml",
     "datasketch": "datasketch",
+    "gguf": "gguf",
+    "tenacity": "tenacity",
 }
 """The packages of the ``pipeline`` extra (pyproject.toml), by the name pip installs, and the module
 each is imported as. The library alone (``pip install rredcot``) has none of them; a command that

@@ -591,9 +591,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             load_tokenizer(args.model),
             load_model(args.model, cfg["model"]["dtype"]).eval().to(device),
         )
+        # Read whatever the backend, as study_mc does: the study declares them (settings.reads).
+        options = VLLMOptions.from_config(cfg["eval"]["vllm"], cfg["vllm_cpu"], cfg["model"]["dtype"])
         engine = None
         if studies["backend"] == "vllm":  # the rollouts of Monte Carlo credit, SPO-chain and PRIME's groups
-            options = VLLMOptions.from_config(cfg["eval"]["vllm"], cfg["vllm_cpu"], cfg["model"]["dtype"])
             engine = load_vllm(args.model, options, "study-fidelity rollouts", enable_prefix_caching=True)
         judge_points = [p for p in points if p.key == JUDGE]
         assigner = CreditAssigner(tok, judge_points[0].config)
