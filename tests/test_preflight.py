@@ -10,7 +10,7 @@ import pytest
 
 from rredcot.lm import vllm_engine as V
 from rredcot.settings.config import ConfigError, load_config
-from rredcot.settings.preflight import check_vllm, vllm_problems
+from rredcot.settings.preflight import check_vllm, cpu_dtype_warning, cpu_has_bfloat16, vllm_problems
 
 VLLM = {"eval": {"backend": "vllm"}}
 
@@ -79,3 +79,15 @@ def test_memory_and_server_mode_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     assert vllm_problems(load_config(recipe, {"vllm_cpu": {"kv_cache_gib": 2}}), cuda=False, local=True) == []
     with pytest.raises(V.VLLMSetupError, match="2 engine"):
         V.check_kv_memory(2, engines=2)  # two training processes, an engine each
+
+
+def test_bfloat16_on_a_cpu_without_its_instructions_is_a_warning() -> None:
+    bf16 = _cfg({"model": {"dtype": "bfloat16"}})
+    warning = cpu_dtype_warning(bf16, cuda=False, local=True, native=False)
+    assert warning is not None and "model: {dtype: float32}" in warning
+    # Not where the CPU has the instructions, the jobs run elsewhere or on a GPU, or in float32.
+    assert cpu_dtype_warning(bf16, cuda=False, local=True, native=True) is None
+    assert cpu_dtype_warning(bf16, cuda=False, local=False, native=False) is None
+    assert cpu_dtype_warning(bf16, cuda=True, local=True, native=False) is None
+    assert cpu_dtype_warning(_cfg(), cuda=False, local=True, native=False) is None
+    assert isinstance(cpu_has_bfloat16(), bool)

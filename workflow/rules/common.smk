@@ -1,12 +1,18 @@
 # Shared definitions: validated config, the resolved-config file every stage reads, MLflow grouping.
 import os
+import sys
 import time
 import uuid
 
 import yaml
 
 from rredcot.settings.config import active_arms, pretrained_path, validate
-from rredcot.settings.preflight import check_model_source, check_vllm
+from rredcot.settings.preflight import (
+    check_model_source,
+    check_vllm,
+    cpu_dtype_warning,
+    cpu_has_bfloat16,
+)
 from rredcot.settings.reads import READS, stage_settings
 
 # Fails here, before any job runs, naming the bad key.
@@ -18,12 +24,17 @@ PY_CONFIG = f"{R}/config.resolved.yaml"
 
 # Before the first job (not in a dry run: `-n` shows any recipe's plan on any machine): a model from
 # a GGUF file needs its package installed; vLLM stages need vLLM installed, and where their jobs run
-# on this CPU, a model and memory it can serve.
+# on this CPU, a model and memory it can serve. bfloat16 on a CPU that emulates it is a warning.
 onstart:
     import torch
 
     check_model_source(config)
     check_vllm(config, cuda=torch.cuda.is_available(), local=workflow.local_exec)
+    slow = cpu_dtype_warning(
+        config, torch.cuda.is_available(), workflow.local_exec, cpu_has_bfloat16()
+    )
+    if slow:
+        print(f"WARNING: {slow}", file=sys.stderr)
 
 
 # All jobs of one invocation share this id (inherited through the environment, also by SLURM jobs),

@@ -6,7 +6,8 @@ installed (:func:`check_model_source`). A config that generates with vLLM (``eva
 ``studies.backend``, ``rl.gpu.use_vllm``) needs vLLM installed; where the jobs run here without
 CUDA, also a model whose attention heads vLLM's CPU backend supports, host memory for an engine's KV
 cache, and a colocated engine (TRL pushes weights to a server over NCCL, which needs CUDA).
-Each problem is named with its fix. The jobs check again when
+Each problem is named with its fix. A ``model.dtype`` of bfloat16 on a CPU that has no bfloat16
+instructions is a warning (:func:`cpu_dtype_warning`): it runs, many times slower than float32. The jobs check again when
 they start an engine (:func:`rredcot.lm.vllm_engine.prepare_engine`), since a cluster job may run
 on another machine than the one that submits it.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from rredcot.lm import vllm_engine as V
 from rredcot.settings.config import ConfigError, pretrained_path
@@ -93,3 +96,26 @@ def check_model_source(cfg: Mapping[str, Any]) -> None:
         require_gguf_reader()
     except ModelSourceError as exc:
         raise ConfigError(f"this configuration cannot convert its model here: {exc}") from None
+
+
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU computes bfloat16 matrix products in hardware (AVX-512 BF16 or AMX). torch
+    has no public query for it; its ``torch.cpu`` helpers are the ones its own kernels dispatch on."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
+
+
+def cpu_dtype_warning(cfg: Mapping[str, Any], cuda: bool, local: bool, native: bool) -> str | None:
+    """What to tell a user whose ``model.dtype`` is bfloat16 where the jobs run here on a CPU
+    without bfloat16 instructions (``native``: :func:`cpu_has_bfloat16`); None otherwise. Without
+    them torch multiplies bfloat16 matrices with a scalar fallback on one thread: on a 2-core AVX2 CPU
+    an SFT step of config/smollm2.yaml had not finished after 6 minutes, against 40 s in float32
+    (docs/models.md, "Training a pretrained model on a CPU")."""
+    if cuda or not local or native or cfg["model"]["dtype"] != "bfloat16":
+        return None
+    return (
+        "model.dtype: bfloat16 on a CPU without bfloat16 instructions (AVX-512 BF16 or AMX): torch "
+        "emulates its matrix products, many times slower than float32. To train here in float32, "
+        "add a config file with `model: {dtype: float32}` after this one (its numbers then differ "
+        "from a bfloat16 run's)."
+    )
