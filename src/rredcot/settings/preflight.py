@@ -18,8 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rredcot.lm import vllm_engine as V
 from rredcot.settings.config import ConfigError, pretrained_path
 
@@ -101,6 +99,8 @@ def check_model_source(cfg: Mapping[str, Any]) -> None:
 def cpu_has_bfloat16() -> bool:
     """Whether this CPU computes bfloat16 matrix products in hardware (AVX-512 BF16 or AMX). torch
     has no public query for it; its ``torch.cpu`` helpers are the ones its own kernels dispatch on."""
+    import torch  # here, not at import: the workflow reads this module on every dry run
+
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
 
