@@ -89,7 +89,10 @@ config = GRPOConfig(
     logging_steps=1,
     save_strategy="no",
     report_to="none",
-    use_cpu=not torch.cuda.is_available(),  # bf16 on a GPU (TRL's default), float32 on a CPU
+    # bf16 on a GPU (TRL's default); float32 on a CPU, where bf16 autocast is emulated on a CPU
+    # without AVX-512-BF16 and a step takes minutes instead of seconds (docs/models.md)
+    use_cpu=not torch.cuda.is_available(),
+    bf16=torch.cuda.is_available(),
     seed=0,
 )
 trainer = RREDCoTTrainer(  # RREDCoT (was: GRPOTrainer)

@@ -224,8 +224,11 @@ def rl_setup(smollm2: Path, tok, tmp_path_factory):
     cfg = load_config(
         RECIPE,
         # transformers' generation: what is compared is the update, and TRL's colocated vLLM engine is
-        # one per process (tests/test_vllm.py runs training through it).
+        # one per process (tests/test_vllm.py runs training through it). float32: the recipe's bfloat16
+        # autocast is emulated on a CPU without AVX-512-BF16, ten times slower (docs/models.md), and
+        # what these tests compare holds in either precision.
         {
+            "model": {"dtype": "float32"},
             "rl": {
                 "prompts_per_step": 2,
                 "num_generations": 2,
