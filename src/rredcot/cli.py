@@ -13,6 +13,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from rredcot.infra.imports import UNUSED, skip_imports
 from rredcot.infra.logs import setup_logging
 
 
@@ -214,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if stage not in COMMANDS:
         raise SystemExit(f"rredcot: unknown command {stage!r}; choose one of: {', '.join(COMMANDS)}")
     setup_logging()
+    skip_imports(*UNUSED)  # seconds of imports in every job (rredcot.infra.imports)
     module, func = COMMANDS[stage].target.split(":")
     try:
         getattr(importlib.import_module(module), func)(rest)

@@ -406,6 +406,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if plan.in_process and not known.dry_run:
         import importlib
 
+        from rredcot.infra.imports import skip_imports
+
+        if known.stage == "sft" or not cfg["rl"]["gpu"]["use_vllm"]:
+            skip_imports("vllm")  # TRL imports it when installed (rredcot.infra.imports)
+
         importlib.import_module(STAGE_MODULES[known.stage]).main(stage_args)
         return
     name = (seen.out or known.stage).strip("/").replace("/", "_")
