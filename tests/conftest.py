@@ -32,9 +32,8 @@ LONG_FIRST = (
 def pytest_configure(config: pytest.Config) -> None:
     """Each test process computes on its share of the cores. torch's default, a thread per core in
     every process, oversubscribes them under ``make test``'s two workers, the workflow's jobs beside
-    them: tests/test_real_model.py's uniform-against-GRPO test took 143 s with two threads beside a
-    smoke run of the workflow, 53 s with one (28 s alone with two), on a 2-core CPU. Processes the
-    tests start choose their own threads (the pipeline's jobs: the config's ``threads``)."""
+    them (CHANGELOG.md, 2026-12-03). Processes the tests start choose their own threads (the
+    pipeline's jobs: the config's ``threads``)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
         import torch
