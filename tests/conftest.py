@@ -32,13 +32,16 @@ LONG_FIRST = (
 def pytest_configure(config: pytest.Config) -> None:
     """Each test process computes on its share of the cores. torch's default, a thread per core in
     every process, oversubscribes them under ``make test``'s two workers, the workflow's jobs beside
-    them (CHANGELOG.md, 2026-12-03). Processes the tests start choose their own threads (the
-    pipeline's jobs: the config's ``threads``)."""
+    them (CHANGELOG.md, 2026-12-03). A process a test starts (an example script, a launch) inherits
+    the share through ``OMP_NUM_THREADS`` unless it sets its own threads: the pipeline's jobs set the
+    config's ``threads``, and a variable already set is kept."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
         import torch
 
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+        share = max(1, len(os.sched_getaffinity(0)) // workers)
+        torch.set_num_threads(share)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

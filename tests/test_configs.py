@@ -17,7 +17,7 @@ OVERLAYS = sorted(
 )
 ACCELERATE = sorted((ROOT / "config" / "accelerate").glob("*.yaml"))
 # Overlays that run on top of another (their header's command names both), by file name.
-LAYERED_ON = {"smollm2-math.yaml": ["smollm2.yaml"]}
+LAYERED_ON = {"smollm2-math.yaml": ["smollm2.yaml"], "cpu-float32.yaml": ["smollm2.yaml"]}
 
 
 def _stack(overlay: Path) -> list[str]:

@@ -85,6 +85,11 @@ def test_bfloat16_on_a_cpu_without_its_instructions_is_a_warning() -> None:
     bf16 = _cfg({"model": {"dtype": "bfloat16"}})
     warning = cpu_dtype_warning(bf16, cuda=False, local=True, native=False)
     assert warning is not None and "model: {dtype: float32}" in warning
+    # The overlay it names exists and makes the bfloat16 recipe compute in float32.
+    root = Path(__file__).resolve().parents[1] / "config"
+    named = [root / "config.yaml", root / "smollm2.yaml", root / "cpu-float32.yaml"]
+    assert "config/cpu-float32.yaml" in warning
+    assert load_config([str(p) for p in named])["model"]["dtype"] == "float32"
     # Not where the CPU has the instructions, the jobs run elsewhere or on a GPU, or in float32.
     assert cpu_dtype_warning(bf16, cuda=False, local=True, native=True) is None
     assert cpu_dtype_warning(bf16, cuda=False, local=False, native=False) is None

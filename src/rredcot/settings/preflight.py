@@ -115,7 +115,7 @@ def cpu_dtype_warning(cfg: Mapping[str, Any], cuda: bool, local: bool, native: b
         return None
     return (
         "model.dtype: bfloat16 on a CPU without bfloat16 instructions (AVX-512 BF16 or AMX): torch "
-        "emulates its matrix products, many times slower than float32. To train here in float32, "
-        "add a config file with `model: {dtype: float32}` after this one (its numbers then differ "
-        "from a bfloat16 run's)."
+        "emulates its matrix products, many times slower than float32. To compute here in float32, "
+        "add config/cpu-float32.yaml (`model: {dtype: float32}`) after the other config files (its "
+        "numbers then differ from a bfloat16 run's)."
     )

@@ -126,19 +126,31 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _overlay_names() -> list[str]:
+    """The config files beside the default that override it: every YAML file under config/ but the
+    default itself, the dataset registry and accelerate's launch configs."""
+    folder = CONFIG_YAML.parent
+    return sorted(
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*.yaml")
+        if p.name not in {"config.yaml", "datasets.yaml"} and p.parent.name != "accelerate"
+    )
+
+
 def render_readme() -> str:
     root = json_schema(ExperimentConfig)
+    overlays = ", ".join(f"`{name}`" for name in _overlay_names())
     out = [
         "# Configuration",
         "",
         "Written by `rredcot config --write` from the settings tree (`src/rredcot/settings/config.py` and",
         "the method's own config classes: `CreditSettings`, `SegmentationConfig`, `ScoringBudget`,",
         "`TaskConfig`, `CleanSettings`); do not edit by hand. `config/config.yaml` is the default config",
-        "with every key; the other files here (`smoke.yaml`, `baselines.yaml`, `testbed.yaml`, `vllm.yaml`,",
-        "`restating.yaml`, `misconceptions.yaml`, `paper/*.yaml`), each headed by what it is for, override",
+        f"with every key; the other files here ({overlays}), each headed by what it is for, override",
         "it key by key (`snakemake --configfile FILE`), and `--config key=value` overrides single",
-        "keys. A bad key or value fails before any job runs, naming it. `rredcot config --show FILE`",
-        "prints a resolved config.",
+        "keys. `datasets.yaml` is the dataset registry (`data.registry`) and `accelerate/` holds",
+        "accelerate's launch configs. A bad key or value fails before any job runs, naming it.",
+        "`rredcot config --show FILE` prints a resolved config.",
         "",
     ]
 
