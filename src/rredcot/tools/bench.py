@@ -186,9 +186,13 @@ def train_step_ab(config: list[str], sft: str, data: str, arms: list[str], steps
     from rredcot.data.records import correctness_reward, rl_records
     from rredcot.infra.io import read_jsonl
     from rredcot.lm.modeling import load_tokenizer
+    from rredcot.lm.vllm_engine import prepare_engine
 
     cfg = load_config(config, {"rl": {"max_steps": steps, "save_every": 0}, "credit": {"view_every": 0}})
     set_threads(cfg["threads"]["train"])  # as in the workflow
+    gpu = cfg["rl"]["gpu"]
+    if gpu["use_vllm"] and gpu["vllm_mode"] == "colocate":  # as the train stage, one engine at a time
+        prepare_engine(cfg["vllm_cpu"]["kv_cache_gib"], sft, "rredcot bench --train-steps")
     tok = load_tokenizer(sft)
     dataset = Dataset.from_list(rl_records(read_jsonl(data), cfg["prompt"]["template"]))
     out: dict[str, Any] = {}
