@@ -442,7 +442,7 @@ def plot_curves(cfg: Mapping[str, Any], curves: Sequence[str], out: str | Path) 
         ax.set_ylabel("accuracy difference")
     n_probe = cfg["rl"]["eval_problems"]
     fig.suptitle(
-        f"Learning curves: {n_probe} held-out problems, {n_seeds} seeds per method "
+        f"Learning curves: {n_probe} held-out problems, {n_seeds} seed{'s' * (n_seeds != 1)} per method "
         "(band: 95% bootstrap interval of the mean over seeds)",
         fontsize=10,
     )
